@@ -1,0 +1,25 @@
+//! Tally's media layer: everything that touches a storage device goes through [`Device`].
+//!
+//! Invariants this crate keeps for every backend:
+//! - addresses are in logical blocks of [`Geometry::block_size`] bytes; a request that is
+//!   misaligned or reaches past the end is refused with a typed error before any I/O;
+//! - a [`Ticket`] names one submission; waiting on it reports the first error of any write in it;
+//! - `flush` makes durable every write whose ticket completed before `flush` was called — callers
+//!   that need a write covered must wait for its ticket first;
+//! - after the first failed write or flush the device is *failed*: every later write and flush
+//!   returns [`MediaError::Failed`] (fail-stop; a failed flush is never retried as if it worked).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+mod buf;
+mod device;
+mod error;
+mod image;
+mod mem;
+mod stats;
+
+pub use buf::IoBuf;
+pub use device::{check_read, check_write, Device, Geometry, Ticket, Write, WriteFlags};
+pub use error::{MediaError, Result};
+pub use image::Image;
+pub use mem::MemDevice;
+pub use stats::{Counters, DeviceStats};
