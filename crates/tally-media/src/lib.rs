@@ -13,13 +13,19 @@
 mod buf;
 mod device;
 mod error;
+mod file;
 mod image;
 mod mem;
+pub mod probe;
 mod stats;
 
 pub use buf::IoBuf;
 pub use device::{check_read, check_write, Device, Geometry, Ticket, Write, WriteFlags};
 pub use error::{MediaError, Result};
+pub use file::{
+    DirectMode, Engine, EngineKind, FileDevice, FileOptions, ATOMIC_WRITE_SIZE_DEFAULT,
+    BLOCK_SIZE_DEFAULT,
+};
 pub use image::Image;
 pub use mem::MemDevice;
 pub use stats::{Counters, DeviceStats};
