@@ -1,0 +1,767 @@
+//! The running log: placing transactions in their stream's chain, submitting them (merged when
+//! they queue up), and making prefixes durable with one flush for many waiters.
+//!
+//! Lock order, never reversed: superblock → one stream → space; the flush lock is never held
+//! while a stream lock is being acquired by the same thread doing I/O, and no lock is held
+//! across a device wait except the superblock lock.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use tally_media::{Device, DeviceStats, IoBuf, MediaError, Ticket, Write, WriteFlags};
+
+use crate::format::body::{Body, TxId};
+use crate::format::superblock::{StreamRoot, Superblock, SB_BLOCKS};
+use crate::format::unit::{payload_capacity, UnitHeader, UnitKind, FLAG_CLASSIC};
+use crate::space::Space;
+use crate::{LogError, Mutant, Result};
+
+/// How a transaction is committed. The same engine serves all four, so they compare honestly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CommitMode {
+    /// What jbd2 does: write the journal blocks, wait, flush, then a commit block with FUA.
+    Classic,
+    /// Count-based durable commit: units + data in one submission, then one (group) flush.
+    Count,
+    /// Ordered and atomic across a crash, returns before anything is durable.
+    Ordered,
+    /// No ordering machinery: each transaction submitted on its own. Benchmark upper bound.
+    Orderless,
+}
+
+impl CommitMode {
+    /// Every mode.
+    pub const ALL: [CommitMode; 4] =
+        [CommitMode::Classic, CommitMode::Count, CommitMode::Ordered, CommitMode::Orderless];
+
+    /// Lower-case name.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            CommitMode::Classic => "classic",
+            CommitMode::Count => "count",
+            CommitMode::Ordered => "ordered",
+            CommitMode::Orderless => "orderless",
+        }
+    }
+}
+
+impl std::str::FromStr for CommitMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        CommitMode::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| format!("unknown commit mode {s:?} (classic, count, ordered, orderless)"))
+    }
+}
+
+/// Shape of a new log, given to [`Log::format`].
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    /// Number of streams (at least 1; default 2).
+    pub streams: u16,
+    /// Blocks per segment (at least 4).
+    pub segment_blocks: u32,
+    /// Identity of the image; seeds every crc. Random by default.
+    pub uuid: [u8; 16],
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { streams: 2, segment_blocks: 256, uuid: random_uuid() }
+    }
+}
+
+fn random_uuid() -> [u8; 16] {
+    use std::hash::{BuildHasher, Hasher};
+    let mut out = [0u8; 16];
+    for half in out.chunks_exact_mut(8) {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+        half.copy_from_slice(&h.finish().to_le_bytes());
+    }
+    out
+}
+
+/// Options of [`Log::open`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenOptions {
+    /// A deliberately broken protocol variant (needs the `mutants` feature).
+    pub mutant: Option<Mutant>,
+}
+
+/// A transaction being built. Records are opaque to the log; data blocks are written out of
+/// place after the units and checked by crc at recovery.
+#[derive(Debug, Clone)]
+pub struct Transaction {
+    stream: u16,
+    deps: Vec<TxId>,
+    records: Vec<Vec<u8>>,
+    data: Vec<Vec<u8>>,
+}
+
+impl Transaction {
+    /// An empty transaction for `stream`.
+    #[must_use]
+    pub fn new(stream: u16) -> Self {
+        Transaction { stream, deps: Vec::new(), records: Vec::new(), data: Vec::new() }
+    }
+
+    /// Append a record.
+    pub fn record(&mut self, bytes: impl Into<Vec<u8>>) -> &mut Self {
+        self.records.push(bytes.into());
+        self
+    }
+
+    /// Append one data block (at most one block; zero-padded). Returns its index: after commit
+    /// it lives at `CommitInfo::data_start + index`.
+    pub fn data(&mut self, bytes: impl Into<Vec<u8>>) -> u32 {
+        self.data.push(bytes.into());
+        self.data.len() as u32 - 1
+    }
+
+    /// Make this transaction depend on `on` (a transaction of any stream).
+    pub fn depend_on(&mut self, on: TxId) -> &mut Self {
+        self.deps.push(on);
+        self
+    }
+
+    /// The stream it will be committed on.
+    #[must_use]
+    pub fn stream(&self) -> u16 {
+        self.stream
+    }
+}
+
+/// Where a committed transaction landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitInfo {
+    /// Names the transaction; pass it to [`Log::wait_durable`] or to `depend_on`.
+    pub ticket: TxId,
+    /// Block of the first data block.
+    pub data_start: u64,
+}
+
+/// Counters of the log itself (the device counts its own I/O).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct LogStats {
+    /// Transactions committed.
+    pub commits: u64,
+    /// Flush rounds run by the group flusher.
+    pub flush_rounds: u64,
+    /// The device's counters.
+    pub device: DeviceStats,
+}
+
+/// A committed transaction's place, kept until it is checkpointed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Placed {
+    pub seq: u64,
+    pub epoch: u32,
+    /// Global commit order, for the flusher's consistent cut.
+    pub clock: u64,
+    pub end_segment: u32,
+    pub end_offset: u32,
+    pub next_segment: u32,
+}
+
+/// One stream's live state.
+#[derive(Debug)]
+pub(crate) struct Stream {
+    pub epoch: u32,
+    pub last_seq: u64,
+    pub next_seq: u64,
+    pub segment: u32,
+    pub offset: u32,
+    pub next_segment: u32,
+    /// Segments from the checkpoint segment through the current one.
+    pub chain: VecDeque<u32>,
+    /// Transactions committed since the checkpoint, in order.
+    pub placed: VecDeque<Placed>,
+    /// Encoded spans not yet submitted: (first block, bytes, seq).
+    pub pending: Vec<(u64, IoBuf, u64)>,
+    pub submitting: bool,
+    /// Submitted batches not yet known complete: (first seq, last seq, ticket).
+    pub inflight: Vec<(u64, u64, Ticket)>,
+    /// Every transaction with seq <= durable is on stable media.
+    pub durable: u64,
+    pub root: StreamRoot,
+}
+
+pub(crate) struct SbState {
+    pub sb: Superblock,
+    /// Which copy holds `sb`.
+    pub slot: usize,
+}
+
+#[derive(Default)]
+struct FlushState {
+    flushing: bool,
+}
+
+/// An open log.
+pub struct Log {
+    pub(crate) dev: Arc<dyn Device>,
+    pub(crate) uuid: [u8; 16],
+    pub(crate) block_size: u32,
+    pub(crate) segment_blocks: u32,
+    pub(crate) first_segment_block: u64,
+    pub(crate) streams: Vec<Mutex<Stream>>,
+    pub(crate) stream_cv: Vec<Condvar>,
+    pub(crate) space: Mutex<Space>,
+    pub(crate) sb: Mutex<SbState>,
+    flush: Mutex<FlushState>,
+    flush_cv: Condvar,
+    clock: AtomicU64,
+    failed: Mutex<Option<String>>,
+    pub(crate) options: OpenOptions,
+    commits: AtomicU64,
+    flush_rounds: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a log lock is a bug that already failed a test; keep going so the
+    // panic is reported rather than a poison error.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Log {
+    /// Write a fresh, empty log onto `dev` (both superblock copies, then a flush).
+    ///
+    /// # Errors
+    /// A configuration the device cannot hold, or I/O errors.
+    pub fn format(dev: &dyn Device, config: &LogConfig) -> Result<()> {
+        let g = dev.geometry();
+        let streams = usize::from(config.streams);
+        if streams == 0 || streams > Superblock::stream_count_max(g.block_size) {
+            let max = Superblock::stream_count_max(g.block_size);
+            return Err(LogError::Invalid(format!("{streams} streams; this block size allows 1..={max}")));
+        }
+        if config.segment_blocks < 4 {
+            return Err(LogError::Invalid("segments need at least 4 blocks".into()));
+        }
+        let first_segment_block = 2;
+        let segment_count = (g.block_count.saturating_sub(first_segment_block)
+            / u64::from(config.segment_blocks))
+        .min(u64::from(u32::MAX - 1)) as u32;
+        // Each stream holds two segments from the start, and needs room to move on.
+        if (segment_count as usize) < 2 * streams + 1 {
+            return Err(LogError::Invalid(format!(
+                "device of {} blocks holds {segment_count} segments of {}; {streams} streams need at least {}",
+                g.block_count,
+                config.segment_blocks,
+                2 * streams + 1
+            )));
+        }
+        let roots = (0..streams as u32)
+            .map(|i| StreamRoot {
+                checkpoint_seq: 0,
+                checkpoint_epoch: 1,
+                checkpoint_segment: 2 * i,
+                checkpoint_offset: 0,
+                checkpoint_next_segment: 2 * i + 1,
+                epoch: 1,
+                base_seq: 0,
+                resume_seq: 1,
+            })
+            .collect();
+        let sb = Superblock {
+            generation: 1,
+            uuid: config.uuid,
+            block_size: g.block_size,
+            block_count: g.block_count,
+            segment_blocks: config.segment_blocks,
+            segment_count,
+            first_segment_block,
+            streams: roots,
+        };
+        let mut second = sb.clone();
+        second.generation = 0;
+        // Both copies valid; generation 1 in slot 0 wins.
+        dev.write_sync(
+            vec![
+                Write::new(SB_BLOCKS[0], IoBuf::from_slice(&sb.encode())),
+                Write::new(SB_BLOCKS[1], IoBuf::from_slice(&second.encode())),
+            ],
+            WriteFlags::NONE,
+        )?;
+        dev.flush()?;
+        Ok(())
+    }
+
+    pub(crate) fn from_parts(
+        dev: Arc<dyn Device>,
+        sb: SbState,
+        streams: Vec<Stream>,
+        space: Space,
+        options: OpenOptions,
+    ) -> Log {
+        let n = streams.len();
+        Log {
+            uuid: sb.sb.uuid,
+            block_size: sb.sb.block_size,
+            segment_blocks: sb.sb.segment_blocks,
+            first_segment_block: sb.sb.first_segment_block,
+            dev,
+            streams: streams.into_iter().map(Mutex::new).collect(),
+            stream_cv: (0..n).map(|_| Condvar::new()).collect(),
+            space: Mutex::new(space),
+            sb: Mutex::new(sb),
+            flush: Mutex::new(FlushState::default()),
+            flush_cv: Condvar::new(),
+            clock: AtomicU64::new(1),
+            failed: Mutex::new(None),
+            options,
+            commits: AtomicU64::new(0),
+            flush_rounds: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn mutant(&self, m: Mutant) -> bool {
+        self.options.mutant == Some(m)
+    }
+
+    /// Number of streams.
+    #[must_use]
+    pub fn stream_count(&self) -> u16 {
+        self.streams.len() as u16
+    }
+
+    /// The device the log runs on.
+    #[must_use]
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.dev
+    }
+
+    /// Counters.
+    #[must_use]
+    pub fn stats(&self) -> LogStats {
+        LogStats {
+            commits: self.commits.load(Ordering::Relaxed),
+            flush_rounds: self.flush_rounds.load(Ordering::Relaxed),
+            device: self.dev.stats(),
+        }
+    }
+
+    /// Highest durable sequence number of `stream`.
+    #[must_use]
+    pub fn durable_seq(&self, stream: u16) -> u64 {
+        self.streams.get(usize::from(stream)).map_or(0, |s| lock(s).durable)
+    }
+
+    /// Free segments left.
+    #[must_use]
+    pub fn free_segments(&self) -> u32 {
+        lock(&self.space).free_count()
+    }
+
+    fn check_failed(&self) -> Result<()> {
+        match &*lock(&self.failed) {
+            Some(first_error) => Err(LogError::Failed { first_error: first_error.clone() }),
+            None => Ok(()),
+        }
+    }
+
+    fn fail(&self, e: MediaError) -> LogError {
+        let mut failed = lock(&self.failed);
+        if failed.is_none() {
+            tracing::error!(error = %e, "log I/O failed; refusing further commits");
+            *failed = Some(e.to_string());
+        }
+        drop(failed);
+        self.flush_cv.notify_all();
+        for cv in &self.stream_cv {
+            cv.notify_all();
+        }
+        LogError::Media(e)
+    }
+
+    /// Commit `tx` ordered and atomic; returns before it is durable (`CommitMode::Ordered`).
+    ///
+    /// # Errors
+    /// See [`Log::commit_with`].
+    pub fn commit(&self, tx: Transaction) -> Result<CommitInfo> {
+        self.commit_with(tx, CommitMode::Ordered)
+    }
+
+    /// Commit `tx` and return once it and everything it depends on are durable.
+    ///
+    /// # Errors
+    /// See [`Log::commit_with`].
+    pub fn commit_durable(&self, tx: Transaction) -> Result<CommitInfo> {
+        self.commit_with(tx, CommitMode::Count)
+    }
+
+    /// Commit `tx` in `mode`.
+    ///
+    /// # Errors
+    /// [`LogError::Failed`] after an earlier I/O error, [`LogError::NoSpace`],
+    /// [`LogError::TooLarge`], [`LogError::Invalid`] for a bad stream or data block, and I/O
+    /// errors (after which the log is failed).
+    pub fn commit_with(&self, tx: Transaction, mode: CommitMode) -> Result<CommitInfo> {
+        self.check_failed()?;
+        let s = usize::from(tx.stream);
+        if s >= self.streams.len() {
+            return Err(LogError::Invalid(format!("no stream {}", tx.stream)));
+        }
+        let bs = self.block_size as usize;
+        if let Some(d) = tx.data.iter().find(|d| d.len() > bs) {
+            return Err(LogError::Invalid(format!("data block of {} bytes > block size {bs}", d.len())));
+        }
+        if tx.deps.len() > usize::from(u16::MAX) || tx.records.iter().any(|r| r.len() > u32::MAX as usize) {
+            return Err(LogError::Invalid("too many dependencies or record too large".into()));
+        }
+        let deps = if mode == CommitMode::Orderless { Vec::new() } else { self.live_deps(&tx) };
+        let data_crcs = tx.data.iter().map(|d| crc_padded(d, bs)).collect();
+        let body = Body { deps, data_crcs, records: tx.records }.encode();
+        let cap = payload_capacity(self.block_size);
+        let unit_count = body.len().div_ceil(cap).max(1) as u64;
+        let classic = mode == CommitMode::Classic;
+        let data_count = tx.data.len() as u64;
+        let span = unit_count + data_count + u64::from(classic);
+        if span > u64::from(self.segment_blocks) {
+            return Err(LogError::TooLarge { blocks: span, segment_blocks: self.segment_blocks });
+        }
+
+        let mut st = lock(&self.streams[s]);
+        self.check_failed()?;
+        if u64::from(st.offset) + span > u64::from(self.segment_blocks) {
+            let next_next = lock(&self.space).alloc().ok_or(LogError::NoSpace { stream: tx.stream })?;
+            st.segment = st.next_segment;
+            st.next_segment = next_next;
+            st.offset = 0;
+            let seg = st.segment;
+            st.chain.push_back(seg);
+        }
+        let header = UnitHeader {
+            kind: UnitKind::Body,
+            flags: if classic { FLAG_CLASSIC } else { 0 },
+            stream: tx.stream,
+            epoch: st.epoch,
+            seq: st.next_seq,
+            prev_seq: st.last_seq,
+            unit_index: 0,
+            unit_count: unit_count as u32,
+            data_count: data_count as u32,
+            next_segment: st.next_segment,
+            durable_watermark: st.durable,
+            payload_len: 0,
+        };
+        let start = self.segment_start(st.segment) + u64::from(st.offset);
+        let written = unit_count + data_count;
+        let mut buf = IoBuf::zeroed(written as usize * bs);
+        for (i, (chunk, block)) in body.chunks(cap).zip(buf.chunks_exact_mut(bs)).enumerate() {
+            let h = UnitHeader { unit_index: i as u32, payload_len: chunk.len() as u32, ..header };
+            h.encode_into(&self.uuid, chunk, block);
+        }
+        if body.is_empty() {
+            header.encode_into(&self.uuid, &[], &mut buf[..bs]);
+        }
+        for (d, block) in tx.data.iter().zip(buf.chunks_exact_mut(bs).skip(unit_count as usize)) {
+            block[..d.len()].copy_from_slice(d);
+        }
+        let seq = header.seq;
+        st.offset += span as u32;
+        st.last_seq = seq;
+        st.next_seq = seq + 1;
+        let placed = Placed {
+            seq,
+            epoch: st.epoch,
+            clock: self.clock.fetch_add(1, Ordering::SeqCst),
+            end_segment: st.segment,
+            end_offset: st.offset,
+            next_segment: st.next_segment,
+        };
+        st.placed.push_back(placed);
+        let ticket = TxId { stream: tx.stream, seq };
+        let info = CommitInfo { ticket, data_start: start + unit_count };
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        if mode == CommitMode::Orderless {
+            drop(st);
+            let t = self.dev.submit(vec![Write::new(start, buf)], WriteFlags::NONE).map_err(|e| self.fail(e))?;
+            lock(&self.streams[s]).inflight.push((seq, seq, t));
+            return Ok(info);
+        }
+        st.pending.push((start, buf, seq));
+        drop(st);
+        self.drive(s)?;
+        match mode {
+            CommitMode::Ordered | CommitMode::Orderless => {}
+            CommitMode::Count => self.wait_durable(ticket)?,
+            CommitMode::Classic => {
+                self.wait_durable(ticket)?;
+                let commit_block = self.encode_commit_block(&header);
+                let at = start + unit_count + data_count;
+                self.dev
+                    .write_sync(vec![Write::new(at, commit_block)], WriteFlags::FUA)
+                    .map_err(|e| self.fail(e))?;
+            }
+        }
+        Ok(info)
+    }
+
+    fn encode_commit_block(&self, header: &UnitHeader) -> IoBuf {
+        let mut block = IoBuf::zeroed(self.block_size as usize);
+        let h = UnitHeader { kind: UnitKind::Commit, unit_index: header.unit_count, payload_len: 0, ..*header };
+        h.encode_into(&self.uuid, &[], &mut block);
+        block
+    }
+
+    /// Dependencies still worth recording: on other streams and not yet durable.
+    fn live_deps(&self, tx: &Transaction) -> Vec<TxId> {
+        let mut deps: Vec<TxId> = tx
+            .deps
+            .iter()
+            .copied()
+            .filter(|d| d.stream != tx.stream)
+            .filter(|d| {
+                self.streams.get(usize::from(d.stream)).is_some_and(|st| lock(st).durable < d.seq)
+            })
+            .collect();
+        deps.sort_unstable();
+        deps.dedup();
+        deps
+    }
+
+    pub(crate) fn segment_start(&self, segment: u32) -> u64 {
+        self.first_segment_block + u64::from(segment) * u64::from(self.segment_blocks)
+    }
+
+    /// Submit whatever is queued on stream `s`, unless another thread is already doing so (it
+    /// will pick up what we queued). Consecutive spans are merged into one write (RIO).
+    fn drive(&self, s: usize) -> Result<()> {
+        let mut st = lock(&self.streams[s]);
+        loop {
+            if st.submitting || st.pending.is_empty() {
+                return Ok(());
+            }
+            self.check_failed()?;
+            st.submitting = true;
+            let batch = std::mem::take(&mut st.pending);
+            drop(st);
+            let first_seq = batch.first().map_or(0, |b| b.2);
+            let last_seq = batch.last().map_or(0, |b| b.2);
+            let writes = merge(batch, self.block_size);
+            let result = self.dev.submit(writes, WriteFlags::NONE);
+            st = lock(&self.streams[s]);
+            st.submitting = false;
+            self.stream_cv[s].notify_all();
+            match result {
+                Ok(t) => st.inflight.push((first_seq, last_seq, t)),
+                Err(e) => {
+                    drop(st);
+                    return Err(self.fail(e));
+                }
+            }
+        }
+    }
+
+    /// Block until transaction `t` (and so everything before it on its stream, and everything
+    /// it depends on) is durable. One flush serves every waiter that arrived before it began.
+    ///
+    /// # Errors
+    /// I/O errors (the log is then failed) and an unknown stream.
+    pub fn wait_durable(&self, t: TxId) -> Result<()> {
+        let st = self.streams.get(usize::from(t.stream)).ok_or_else(|| LogError::Invalid(format!("no stream {}", t.stream)))?;
+        loop {
+            if lock(st).durable >= t.seq {
+                return Ok(());
+            }
+            self.check_failed()?;
+            let mut f = lock(&self.flush);
+            if f.flushing {
+                let _f = self.flush_cv.wait(f).unwrap_or_else(std::sync::PoisonError::into_inner);
+                continue;
+            }
+            if lock(st).durable >= t.seq {
+                return Ok(());
+            }
+            f.flushing = true;
+            drop(f);
+            let result = self.flush_round();
+            lock(&self.flush).flushing = false;
+            self.flush_cv.notify_all();
+            result?;
+        }
+    }
+
+    /// Make everything committed so far durable.
+    ///
+    /// # Errors
+    /// I/O errors.
+    pub fn sync(&self) -> Result<()> {
+        for s in 0..self.streams.len() {
+            let last = lock(&self.streams[s]).last_seq;
+            self.wait_durable(TxId { stream: s as u16, seq: last })?;
+        }
+        Ok(())
+    }
+
+    /// One group flush: take a consistent cut of everything committed (by the global commit
+    /// clock, so a dependency is always inside the cut with its dependent), wait for those
+    /// writes to complete, flush once, advance every stream's durable watermark.
+    fn flush_round(&self) -> Result<()> {
+        self.flush_rounds.fetch_add(1, Ordering::Relaxed);
+        let cut = self.clock.load(Ordering::SeqCst);
+        let mut targets = Vec::with_capacity(self.streams.len());
+        for s in 0..self.streams.len() {
+            let st = lock(&self.streams[s]);
+            let target = st.placed.iter().rev().find(|p| p.clock < cut).map_or(st.durable, |p| p.seq);
+            targets.push(target.max(st.durable));
+        }
+        for (s, &target) in targets.iter().enumerate() {
+            self.wait_submitted(s, target)?;
+            let tickets: Vec<Ticket> = {
+                let mut st = lock(&self.streams[s]);
+                let (due, rest): (Vec<_>, Vec<_>) = st.inflight.drain(..).partition(|b| b.0 <= target);
+                st.inflight = rest;
+                due.into_iter().map(|b| b.2).collect()
+            };
+            for t in tickets {
+                self.dev.wait(t).map_err(|e| self.fail(e))?;
+            }
+        }
+        if !self.mutant(Mutant::FlushSkipped) {
+            self.dev.flush().map_err(|e| self.fail(e))?;
+        }
+        for (s, &target) in targets.iter().enumerate() {
+            let mut st = lock(&self.streams[s]);
+            st.durable = st.durable.max(target);
+        }
+        Ok(())
+    }
+
+    /// Wait until every transaction of stream `s` up to `target` has been submitted.
+    fn wait_submitted(&self, s: usize, target: u64) -> Result<()> {
+        loop {
+            self.drive(s)?;
+            let mut st = lock(&self.streams[s]);
+            while st.submitting {
+                self.check_failed()?;
+                st = self.stream_cv[s].wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+            if st.pending.first().is_none_or(|p| p.2 > target) {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Declare every transaction of `stream` up to `seq` checkpointed: the layer above has what
+    /// it needs of them elsewhere. Makes them durable first, then durably records the new
+    /// starting point, then frees the segments before it.
+    ///
+    /// # Errors
+    /// A `seq` that was never committed, and I/O errors.
+    pub fn checkpoint(&self, stream: u16, seq: u64) -> Result<()> {
+        let s = usize::from(stream);
+        if s >= self.streams.len() {
+            return Err(LogError::Invalid(format!("no stream {stream}")));
+        }
+        self.wait_durable(TxId { stream, seq })?;
+        let mut sbs = lock(&self.sb);
+        let (root, freed) = {
+            let mut st = lock(&self.streams[s]);
+            if seq <= st.root.checkpoint_seq {
+                return Ok(());
+            }
+            let Some(p) = st.placed.iter().find(|p| p.seq == seq).copied() else {
+                return Err(LogError::Invalid(format!("stream {stream} has no transaction {seq} to checkpoint")));
+            };
+            while st.placed.front().is_some_and(|q| q.seq <= seq) {
+                st.placed.pop_front();
+            }
+            let root = StreamRoot {
+                checkpoint_seq: p.seq,
+                checkpoint_epoch: p.epoch,
+                checkpoint_segment: p.end_segment,
+                checkpoint_offset: p.end_offset,
+                checkpoint_next_segment: p.next_segment,
+                ..st.root
+            };
+            st.root = root;
+            let mut freed = Vec::new();
+            while st.chain.front().is_some_and(|&seg| seg != p.end_segment) {
+                freed.extend(st.chain.pop_front());
+            }
+            (root, freed)
+        };
+        let mut sb = sbs.sb.clone();
+        sb.streams[s] = root;
+        self.write_superblock(&mut sbs, sb, true)?;
+        drop(sbs);
+        let mut space = lock(&self.space);
+        for seg in freed {
+            space.release(seg);
+        }
+        Ok(())
+    }
+
+    /// Write `sb` into the copy not holding the current one, then (if `durable`) wait and flush.
+    pub(crate) fn write_superblock(&self, state: &mut SbState, mut sb: Superblock, durable: bool) -> Result<()> {
+        sb.generation = state.sb.generation + 1;
+        let slot = 1 - state.slot;
+        let buf = IoBuf::from_slice(&sb.encode());
+        let w = vec![Write::new(SB_BLOCKS[slot], buf)];
+        if durable {
+            self.dev.write_sync(w, WriteFlags::NONE).map_err(|e| self.fail(e))?;
+            self.dev.flush().map_err(|e| self.fail(e))?;
+        } else {
+            self.dev.submit(w, WriteFlags::NONE).map_err(|e| self.fail(e))?;
+        }
+        state.sb = sb;
+        state.slot = slot;
+        Ok(())
+    }
+}
+
+/// crc32c of `data` zero-padded to `block_size`.
+pub(crate) fn crc_padded(data: &[u8], block_size: usize) -> u32 {
+    let crc = crc32c::crc32c(data);
+    if data.len() >= block_size {
+        return crc;
+    }
+    let zeros = [0u8; 4096];
+    let mut crc = crc;
+    let mut left = block_size - data.len();
+    while left > 0 {
+        let n = left.min(zeros.len());
+        crc = crc32c::crc32c_append(crc, &zeros[..n]);
+        left -= n;
+    }
+    crc
+}
+
+/// Merge consecutive spans into single writes.
+fn merge(batch: Vec<(u64, IoBuf, u64)>, block_size: u32) -> Vec<Write> {
+    let bs = u64::from(block_size);
+    let mut writes: Vec<Write> = Vec::with_capacity(1);
+    let mut run: Vec<(u64, IoBuf)> = Vec::new();
+    let flush_run = |run: &mut Vec<(u64, IoBuf)>, writes: &mut Vec<Write>| {
+        if run.len() == 1 {
+            if let Some((block, buf)) = run.pop() {
+                writes.push(Write::new(block, buf));
+            }
+        } else if let Some(&(block, _)) = run.first() {
+            let len: usize = run.iter().map(|(_, b)| b.len()).sum();
+            let mut joined = IoBuf::zeroed(len);
+            let mut at = 0;
+            for (_, b) in run.drain(..) {
+                joined[at..at + b.len()].copy_from_slice(&b);
+                at += b.len();
+            }
+            writes.push(Write::new(block, joined));
+        }
+    };
+    for (block, buf, _) in batch {
+        let contiguous = run.last().is_some_and(|(b, prev)| b + prev.len() as u64 / bs == block);
+        if !contiguous {
+            flush_run(&mut run, &mut writes);
+        }
+        run.push((block, buf));
+    }
+    flush_run(&mut run, &mut writes);
+    writes
+}

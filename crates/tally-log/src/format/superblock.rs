@@ -1,0 +1,284 @@
+//! The superblock: the log's root, kept in two copies (blocks 0 and 1).
+//!
+//! Invariants:
+//! - an update writes the copy that does *not* hold the newest valid state, with `generation`
+//!   one higher, and is durable (write + flush) before anything that relies on it is written;
+//!   so a torn update leaves the other copy intact;
+//! - the valid copy with the highest generation is the superblock.
+
+use super::codec::{Reader, Writer};
+use super::{crc_seeded, FORMAT_VERSION};
+use crate::error::corrupted;
+use crate::Result;
+
+/// Magic bytes at offset 0.
+pub const SB_MAGIC: [u8; 8] = *b"TALLYSB1";
+/// Offset of the per-stream entries.
+pub const SB_STREAMS_OFFSET: usize = 128;
+/// Size of one per-stream entry.
+pub const SB_STREAM_SIZE: usize = 64;
+/// Offsets of the header fields.
+pub mod off {
+    pub const MAGIC: usize = 0;
+    pub const VERSION: usize = 8;
+    pub const STREAM_COUNT: usize = 10;
+    pub const BLOCK_SIZE: usize = 12;
+    pub const BLOCK_COUNT: usize = 16;
+    pub const GENERATION: usize = 24;
+    pub const UUID: usize = 32;
+    pub const SEGMENT_BLOCKS: usize = 48;
+    pub const SEGMENT_COUNT: usize = 52;
+    pub const FIRST_SEGMENT_BLOCK: usize = 56;
+    pub const CRC: usize = 64;
+    /// Reserved, zero, up to the stream entries.
+    pub const RESERVED: usize = 68;
+}
+/// Offsets inside a per-stream entry.
+pub mod stream_off {
+    pub const CHECKPOINT_SEQ: usize = 0;
+    pub const CHECKPOINT_EPOCH: usize = 8;
+    pub const CHECKPOINT_SEGMENT: usize = 12;
+    pub const CHECKPOINT_OFFSET: usize = 16;
+    pub const CHECKPOINT_NEXT_SEGMENT: usize = 20;
+    pub const EPOCH: usize = 24;
+    pub const BASE_SEQ: usize = 32;
+    pub const RESUME_SEQ: usize = 40;
+    /// Reserved, zero (and 28..32).
+    pub const RESERVED: usize = 48;
+}
+/// Blocks holding the two superblock copies.
+pub const SB_BLOCKS: [u64; 2] = [0, 1];
+
+/// What the superblock says about one stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamRoot {
+    /// Every transaction with seq <= this is checkpointed: applied elsewhere, not replayed.
+    pub checkpoint_seq: u64,
+    /// Epoch of the checkpointed transaction.
+    pub checkpoint_epoch: u32,
+    /// Segment where the first transaction after the checkpoint is (or will be) written.
+    pub checkpoint_segment: u32,
+    /// Block offset inside that segment.
+    pub checkpoint_offset: u32,
+    /// The segment that follows `checkpoint_segment` in the stream's chain.
+    pub checkpoint_next_segment: u32,
+    /// The stream's current epoch: transactions written since the last recovery carry it.
+    pub epoch: u32,
+    /// Last transaction recovered before `epoch` began; older-epoch transactions after it are
+    /// orphans and never accepted.
+    pub base_seq: u64,
+    /// First sequence number used in `epoch`.
+    pub resume_seq: u64,
+}
+
+/// The decoded superblock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Superblock {
+    /// Bumped by every update; the valid copy with the highest wins.
+    pub generation: u64,
+    /// Random at format time; seeds every crc of the image.
+    pub uuid: [u8; 16],
+    /// Block size the image was formatted with.
+    pub block_size: u32,
+    /// Blocks in the image.
+    pub block_count: u64,
+    /// Blocks per segment.
+    pub segment_blocks: u32,
+    /// Segments in the image.
+    pub segment_count: u32,
+    /// Block where segment 0 starts.
+    pub first_segment_block: u64,
+    /// One root per stream.
+    pub streams: Vec<StreamRoot>,
+}
+
+impl Superblock {
+    /// Most streams a superblock of `block_size` bytes can describe.
+    #[must_use]
+    pub fn stream_count_max(block_size: u32) -> usize {
+        (block_size as usize - SB_STREAMS_OFFSET) / SB_STREAM_SIZE
+    }
+
+    /// Encode into one block of `self.block_size` bytes.
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        let mut block = vec![0u8; self.block_size as usize];
+        let mut w = Writer::new(&mut block);
+        w.put(off::MAGIC, &SB_MAGIC);
+        w.u16(off::VERSION, FORMAT_VERSION);
+        w.u16(off::STREAM_COUNT, self.streams.len() as u16);
+        w.u32(off::BLOCK_SIZE, self.block_size);
+        w.u64(off::BLOCK_COUNT, self.block_count);
+        w.u64(off::GENERATION, self.generation);
+        w.put(off::UUID, &self.uuid);
+        w.u32(off::SEGMENT_BLOCKS, self.segment_blocks);
+        w.u32(off::SEGMENT_COUNT, self.segment_count);
+        w.u64(off::FIRST_SEGMENT_BLOCK, self.first_segment_block);
+        for (i, s) in self.streams.iter().enumerate() {
+            let base = SB_STREAMS_OFFSET + i * SB_STREAM_SIZE;
+            w.u64(base + stream_off::CHECKPOINT_SEQ, s.checkpoint_seq);
+            w.u32(base + stream_off::CHECKPOINT_EPOCH, s.checkpoint_epoch);
+            w.u32(base + stream_off::CHECKPOINT_SEGMENT, s.checkpoint_segment);
+            w.u32(base + stream_off::CHECKPOINT_OFFSET, s.checkpoint_offset);
+            w.u32(base + stream_off::CHECKPOINT_NEXT_SEGMENT, s.checkpoint_next_segment);
+            w.u32(base + stream_off::EPOCH, s.epoch);
+            w.u64(base + stream_off::BASE_SEQ, s.base_seq);
+            w.u64(base + stream_off::RESUME_SEQ, s.resume_seq);
+        }
+        let crc = crc_seeded(&self.uuid, &[&block[..off::CRC], &block[off::CRC + 4..]]);
+        Writer::new(&mut block).u32(off::CRC, crc);
+        block
+    }
+
+    /// Decode one copy read from `block_no`.
+    ///
+    /// # Errors
+    /// [`crate::LogError::Corrupted`] for any byte the format does not allow.
+    pub fn decode(bytes: &[u8], block_no: u64) -> Result<Superblock> {
+        let bad = |reason: String| corrupted("superblock", block_no, reason);
+        let r = Reader::new(bytes);
+        if r.array::<8>(off::MAGIC) != Some(SB_MAGIC) {
+            return Err(bad("bad magic".into()));
+        }
+        let field = |v: Option<u64>| v.ok_or_else(|| bad("truncated".into()));
+        let uuid = r.array::<16>(off::UUID).ok_or_else(|| bad("truncated".into()))?;
+        let crc_stored = field(r.u32(off::CRC).map(u64::from))? as u32;
+        let crc = crc_seeded(&uuid, &[&bytes[..off::CRC], &bytes[off::CRC + 4..]]);
+        if crc != crc_stored {
+            return Err(bad(format!("crc {crc_stored:#010x} != computed {crc:#010x}")));
+        }
+        let version = field(r.u16(off::VERSION).map(u64::from))?;
+        if version != u64::from(FORMAT_VERSION) {
+            return Err(bad(format!("format version {version}, this build reads {FORMAT_VERSION}")));
+        }
+        if !r.zeros(off::RESERVED, SB_STREAMS_OFFSET - off::RESERVED) {
+            return Err(bad("reserved header bytes are not zero".into()));
+        }
+        let block_size = field(r.u32(off::BLOCK_SIZE).map(u64::from))? as u32;
+        if block_size as usize != bytes.len() {
+            return Err(bad(format!("block size {block_size} but copy is {} bytes", bytes.len())));
+        }
+        let stream_count = field(r.u16(off::STREAM_COUNT).map(u64::from))? as usize;
+        if stream_count == 0 || stream_count > Self::stream_count_max(block_size) {
+            return Err(bad(format!("stream count {stream_count} out of range")));
+        }
+        let mut streams = Vec::with_capacity(stream_count);
+        for i in 0..stream_count {
+            let base = SB_STREAMS_OFFSET + i * SB_STREAM_SIZE;
+            if !r.zeros(base + 28, 4)
+                || !r.zeros(base + stream_off::RESERVED, SB_STREAM_SIZE - stream_off::RESERVED)
+            {
+                return Err(bad(format!("reserved bytes of stream {i} are not zero")));
+            }
+            let u32_at = |o: usize| field(r.u32(base + o).map(u64::from)).map(|v| v as u32);
+            let u64_at = |o: usize| field(r.u64(base + o));
+            streams.push(StreamRoot {
+                checkpoint_seq: u64_at(stream_off::CHECKPOINT_SEQ)?,
+                checkpoint_epoch: u32_at(stream_off::CHECKPOINT_EPOCH)?,
+                checkpoint_segment: u32_at(stream_off::CHECKPOINT_SEGMENT)?,
+                checkpoint_offset: u32_at(stream_off::CHECKPOINT_OFFSET)?,
+                checkpoint_next_segment: u32_at(stream_off::CHECKPOINT_NEXT_SEGMENT)?,
+                epoch: u32_at(stream_off::EPOCH)?,
+                base_seq: u64_at(stream_off::BASE_SEQ)?,
+                resume_seq: u64_at(stream_off::RESUME_SEQ)?,
+            });
+        }
+        let rest = SB_STREAMS_OFFSET + stream_count * SB_STREAM_SIZE;
+        if !r.zeros(rest, bytes.len() - rest) {
+            return Err(bad("bytes after the last stream are not zero".into()));
+        }
+        let sb = Superblock {
+            generation: field(r.u64(off::GENERATION))?,
+            uuid,
+            block_size,
+            block_count: field(r.u64(off::BLOCK_COUNT))?,
+            segment_blocks: field(r.u32(off::SEGMENT_BLOCKS).map(u64::from))? as u32,
+            segment_count: field(r.u32(off::SEGMENT_COUNT).map(u64::from))? as u32,
+            first_segment_block: field(r.u64(off::FIRST_SEGMENT_BLOCK))?,
+            streams,
+        };
+        sb.validate().map_err(bad)?;
+        Ok(sb)
+    }
+
+    /// Cross-field checks: segments fit the device, stream roots point inside it.
+    fn validate(&self) -> Result<(), String> {
+        if self.segment_blocks < 4 {
+            return Err(format!("segment of {} blocks is too small", self.segment_blocks));
+        }
+        let end = u64::from(self.segment_count)
+            .checked_mul(u64::from(self.segment_blocks))
+            .and_then(|n| n.checked_add(self.first_segment_block));
+        if end.is_none_or(|end| end > self.block_count) || self.first_segment_block < 2 {
+            return Err("segments do not fit the device".into());
+        }
+        for (i, s) in self.streams.iter().enumerate() {
+            let seg_ok = |seg: u32| seg < self.segment_count;
+            if !seg_ok(s.checkpoint_segment)
+                || !seg_ok(s.checkpoint_next_segment)
+                || s.checkpoint_offset > self.segment_blocks
+                || s.checkpoint_segment == s.checkpoint_next_segment
+            {
+                return Err(format!("stream {i} root points outside the log"));
+            }
+            if s.resume_seq <= s.base_seq {
+                return Err(format!("stream {i} sequence numbers are inconsistent"));
+            }
+        }
+        Ok(())
+    }
+
+    /// First block of `segment`.
+    #[must_use]
+    pub fn segment_start(&self, segment: u32) -> u64 {
+        self.first_segment_block + u64::from(segment) * u64::from(self.segment_blocks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn sample() -> Superblock {
+        Superblock {
+            generation: 7,
+            uuid: [9; 16],
+            block_size: 4096,
+            block_count: 1000,
+            segment_blocks: 64,
+            segment_count: 15,
+            first_segment_block: 2,
+            streams: vec![
+                StreamRoot {
+                    checkpoint_seq: 3,
+                    checkpoint_epoch: 1,
+                    checkpoint_segment: 0,
+                    checkpoint_offset: 5,
+                    checkpoint_next_segment: 1,
+                    epoch: 2,
+                    base_seq: 4,
+                    resume_seq: 6,
+                };
+                2
+            ],
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let sb = sample();
+        assert_eq!(Superblock::decode(&sb.encode(), 0).unwrap(), sb);
+    }
+
+    #[test]
+    fn every_flipped_byte_is_rejected() {
+        let bytes = sample().encode();
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x40;
+            assert!(Superblock::decode(&b, 0).is_err(), "flip at byte {i} accepted");
+        }
+        assert!(Superblock::decode(&bytes[..100], 0).is_err());
+        assert!(Superblock::decode(&[], 0).is_err());
+    }
+}

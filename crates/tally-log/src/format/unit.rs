@@ -1,0 +1,241 @@
+//! Log units: the blocks that carry a transaction's records, and classic commit blocks.
+//!
+//! A transaction of `unit_count` units and `data_count` data blocks occupies one contiguous
+//! *span* of a segment: units `0..unit_count`, then the data blocks, then (classic mode only) one
+//! commit block. Every unit header repeats the transaction's identity, so each unit can be
+//! checked alone; a transaction is committed iff all its units decode with the same identity and
+//! every data block matches the crc the body lists for it (count-based commit: no commit record).
+
+use super::codec::{Reader, Writer};
+use super::{crc_seeded, FORMAT_VERSION};
+use crate::error::corrupted;
+use crate::Result;
+
+/// Magic bytes at offset 0 of every unit.
+pub const UNIT_MAGIC: [u8; 4] = *b"TLUN";
+/// Size of the unit header; the payload follows it.
+pub const UNIT_HEADER_SIZE: usize = 64;
+/// Offsets of the header fields.
+pub mod off {
+    pub const MAGIC: usize = 0;
+    pub const VERSION: usize = 4;
+    pub const KIND: usize = 6;
+    pub const FLAGS: usize = 7;
+    pub const STREAM: usize = 8;
+    /// Reserved, zero.
+    pub const RESERVED: usize = 10;
+    pub const EPOCH: usize = 12;
+    pub const SEQ: usize = 16;
+    pub const PREV_SEQ: usize = 24;
+    pub const UNIT_INDEX: usize = 32;
+    pub const UNIT_COUNT: usize = 36;
+    pub const DATA_COUNT: usize = 40;
+    pub const NEXT_SEGMENT: usize = 44;
+    pub const DURABLE_WATERMARK: usize = 48;
+    pub const PAYLOAD_LEN: usize = 56;
+    pub const CRC: usize = 60;
+}
+
+/// What a unit block is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnitKind {
+    /// Carries part of a transaction's body.
+    Body = 1,
+    /// The commit record of a `classic`-mode transaction.
+    Commit = 2,
+}
+
+/// Flag: the transaction was written in `classic` mode and is committed only with its commit
+/// block.
+pub const FLAG_CLASSIC: u8 = 1;
+
+/// A unit header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnitHeader {
+    /// Body or commit block.
+    pub kind: UnitKind,
+    /// `FLAG_*` bits.
+    pub flags: u8,
+    /// Stream of the transaction.
+    pub stream: u16,
+    /// The stream's epoch when the transaction was written.
+    pub epoch: u32,
+    /// The transaction's sequence number on its stream.
+    pub seq: u64,
+    /// Sequence number of the transaction before it on the stream (the chain link).
+    pub prev_seq: u64,
+    /// Index of this unit in the transaction (`unit_count` for a commit block).
+    pub unit_index: u32,
+    /// Units in the transaction.
+    pub unit_count: u32,
+    /// Data blocks after the units.
+    pub data_count: u32,
+    /// The segment the stream continues in after the current one.
+    pub next_segment: u32,
+    /// The stream's durable sequence number when the transaction was submitted.
+    pub durable_watermark: u64,
+    /// Bytes of body carried by this unit.
+    pub payload_len: u32,
+}
+
+impl UnitHeader {
+    /// Blocks of the transaction's span (units, data, commit block).
+    #[must_use]
+    pub fn span_blocks(&self) -> u64 {
+        u64::from(self.unit_count)
+            + u64::from(self.data_count)
+            + u64::from(self.flags & FLAG_CLASSIC != 0)
+    }
+
+    /// Whether `other` belongs to the same transaction.
+    #[must_use]
+    pub fn same_transaction(&self, other: &UnitHeader) -> bool {
+        (self.flags, self.stream, self.epoch, self.seq, self.prev_seq)
+            == (other.flags, other.stream, other.epoch, other.seq, other.prev_seq)
+            && (self.unit_count, self.data_count, self.next_segment)
+                == (other.unit_count, other.data_count, other.next_segment)
+    }
+
+    /// Encode this header and `payload` into `block` (one whole block) and seal it with the crc.
+    pub fn encode_into(&self, uuid: &[u8; 16], payload: &[u8], block: &mut [u8]) {
+        assert!(UNIT_HEADER_SIZE + payload.len() <= block.len(), "payload exceeds the unit");
+        assert_eq!(payload.len(), self.payload_len as usize);
+        block.fill(0);
+        let mut w = Writer::new(block);
+        w.put(off::MAGIC, &UNIT_MAGIC);
+        w.u16(off::VERSION, FORMAT_VERSION);
+        w.put(off::KIND, &[self.kind as u8, self.flags]);
+        w.u16(off::STREAM, self.stream);
+        w.u32(off::EPOCH, self.epoch);
+        w.u64(off::SEQ, self.seq);
+        w.u64(off::PREV_SEQ, self.prev_seq);
+        w.u32(off::UNIT_INDEX, self.unit_index);
+        w.u32(off::UNIT_COUNT, self.unit_count);
+        w.u32(off::DATA_COUNT, self.data_count);
+        w.u32(off::NEXT_SEGMENT, self.next_segment);
+        w.u64(off::DURABLE_WATERMARK, self.durable_watermark);
+        w.u32(off::PAYLOAD_LEN, self.payload_len);
+        w.put(UNIT_HEADER_SIZE, payload);
+        let crc = unit_crc(uuid, block);
+        Writer::new(block).u32(off::CRC, crc);
+    }
+
+    /// Decode a unit block read from `block_no`. With `check_crc` false (mutation testing only)
+    /// the crc is ignored.
+    ///
+    /// # Errors
+    /// [`crate::LogError::Corrupted`] when the block is not a well-formed unit of this image.
+    pub fn decode<'a>(
+        uuid: &[u8; 16],
+        block: &'a [u8],
+        block_no: u64,
+        check_crc: bool,
+    ) -> Result<(UnitHeader, &'a [u8])> {
+        let bad = |reason: &str| corrupted("log unit", block_no, reason);
+        let r = Reader::new(block);
+        if r.array::<4>(off::MAGIC) != Some(UNIT_MAGIC) {
+            return Err(bad("bad magic"));
+        }
+        let crc_stored = r.u32(off::CRC).ok_or_else(|| bad("truncated"))?;
+        if check_crc && crc_stored != unit_crc(uuid, block) {
+            return Err(bad("crc mismatch"));
+        }
+        if r.u16(off::VERSION) != Some(FORMAT_VERSION) {
+            return Err(bad("unknown format version"));
+        }
+        if !r.zeros(off::RESERVED, 2) {
+            return Err(bad("reserved bytes are not zero"));
+        }
+        let kind = match r.array::<1>(off::KIND) {
+            Some([1]) => UnitKind::Body,
+            Some([2]) => UnitKind::Commit,
+            _ => return Err(bad("unknown unit kind")),
+        };
+        let get32 = |o| r.u32(o).ok_or_else(|| bad("truncated"));
+        let get64 = |o| r.u64(o).ok_or_else(|| bad("truncated"));
+        let header = UnitHeader {
+            kind,
+            flags: r.array::<1>(off::FLAGS).map_or(0, |[f]| f),
+            stream: r.u16(off::STREAM).ok_or_else(|| bad("truncated"))?,
+            epoch: get32(off::EPOCH)?,
+            seq: get64(off::SEQ)?,
+            prev_seq: get64(off::PREV_SEQ)?,
+            unit_index: get32(off::UNIT_INDEX)?,
+            unit_count: get32(off::UNIT_COUNT)?,
+            data_count: get32(off::DATA_COUNT)?,
+            next_segment: get32(off::NEXT_SEGMENT)?,
+            durable_watermark: get64(off::DURABLE_WATERMARK)?,
+            payload_len: get32(off::PAYLOAD_LEN)?,
+        };
+        if header.flags & !FLAG_CLASSIC != 0 {
+            return Err(bad("unknown flags"));
+        }
+        if header.unit_count == 0 || header.seq <= header.prev_seq {
+            return Err(bad("impossible transaction shape"));
+        }
+        let payload_end = UNIT_HEADER_SIZE
+            .checked_add(header.payload_len as usize)
+            .filter(|&end| end <= block.len())
+            .ok_or_else(|| bad("payload longer than the unit"))?;
+        if !r.zeros(payload_end, block.len() - payload_end) {
+            return Err(bad("bytes after the payload are not zero"));
+        }
+        Ok((header, &block[UNIT_HEADER_SIZE..payload_end]))
+    }
+}
+
+/// Payload bytes one unit of `block_size` bytes can carry.
+#[must_use]
+pub fn payload_capacity(block_size: u32) -> usize {
+    block_size as usize - UNIT_HEADER_SIZE
+}
+
+fn unit_crc(uuid: &[u8; 16], block: &[u8]) -> u32 {
+    crc_seeded(uuid, &[&block[..off::CRC], &block[off::CRC + 4..]])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> UnitHeader {
+        UnitHeader {
+            kind: UnitKind::Body,
+            flags: 0,
+            stream: 1,
+            epoch: 3,
+            seq: 10,
+            prev_seq: 9,
+            unit_index: 0,
+            unit_count: 2,
+            data_count: 1,
+            next_segment: 4,
+            durable_watermark: 8,
+            payload_len: 5,
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let uuid = [1; 16];
+        let mut block = vec![0u8; 512];
+        header().encode_into(&uuid, b"hello", &mut block);
+        let (h, payload) = UnitHeader::decode(&uuid, &block, 0, true).unwrap();
+        assert_eq!((h, payload), (header(), &b"hello"[..]));
+        assert_eq!(h.span_blocks(), 3);
+    }
+
+    #[test]
+    fn every_flipped_byte_and_foreign_uuid_rejected() {
+        let uuid = [1; 16];
+        let mut block = vec![0u8; 512];
+        header().encode_into(&uuid, b"hello", &mut block);
+        for i in 0..block.len() {
+            let mut b = block.clone();
+            b[i] ^= 1;
+            assert!(UnitHeader::decode(&uuid, &b, 0, true).is_err(), "flip at {i} accepted");
+        }
+        assert!(UnitHeader::decode(&[2; 16], &block, 0, true).is_err());
+        assert!(UnitHeader::decode(&uuid, &block[..40], 0, true).is_err());
+    }
+}

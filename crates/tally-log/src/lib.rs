@@ -1,0 +1,38 @@
+//! Tally's multi-stream transactional log.
+//!
+//! A log holds N *streams*, independent ordering domains. A transaction (records + data blocks +
+//! dependencies on other streams' transactions) is appended to one stream and gets the next
+//! sequence number there. The guarantees, after any crash and [`Log::open`]:
+//!
+//! - **atomicity**: a transaction survives whole or not at all (count-based commit: every unit
+//!   present with a valid crc, every data block matching its crc; no commit record);
+//! - **per-stream prefix**: on each stream, the survivors are a prefix of what was committed
+//!   after the last checkpoint;
+//! - **dependency closure**: no transaction survives without the transactions it depends on;
+//! - **durability on demand**: a transaction whose [`Log::wait_durable`] (or
+//!   [`Log::commit_durable`]) returned survives.
+//!
+//! Invariants the implementation keeps:
+//! - a stream's transactions are laid out back to back in its segment chain; each unit records
+//!   the sequence number of the transaction before it (`prev_seq`), the stream's epoch and the
+//!   segment the chain continues in, so recovery follows exactly one chain;
+//! - every stream always owns one reserved *next* segment, so a chain never needs a link it
+//!   cannot write;
+//! - the epoch bump of a recovery is durable before anything new is written; transactions of an
+//!   older epoch with a sequence number above the recovered tail are never accepted again;
+//! - a segment returns to the free pool only after a durable checkpoint covers all of it;
+//! - after a failed write or flush, every commit fails until the log is reopened (fail-stop).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+mod engine;
+mod error;
+pub mod format;
+mod mutant;
+mod recover;
+mod space;
+
+pub use engine::{CommitInfo, CommitMode, Log, LogConfig, LogStats, OpenOptions, Transaction};
+pub use error::{LogError, Result};
+pub use format::body::TxId;
+pub use mutant::{available as mutants_available, Mutant};
+pub use recover::{RecoveredTx, Recovery, StreamRecovery};

@@ -1,0 +1,68 @@
+//! Deliberately broken protocol variants, compiled in only with the `mutants` feature.
+//!
+//! Each one removes one mechanism the contract depends on; the crash explorer must catch every
+//! one of them (a checker that cannot fail proves nothing). A mutant is chosen per log instance
+//! (`OpenOptions::mutant`); a build without the feature refuses to open a log with one.
+
+/// A broken variant of the log protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Mutant {
+    /// Recovery skips over an incomplete transaction and keeps later ones.
+    NoPrefixCut,
+    /// Recovery keeps transactions whose dependencies did not survive.
+    NoDependencyClosure,
+    /// Recovery accepts a transaction whose last unit is missing.
+    CountOffByOne,
+    /// Recovery ignores unit and data checksums.
+    CrcNotChecked,
+    /// `commit_durable` acknowledges without flushing.
+    FlushSkipped,
+    /// Recovery does not bump the epoch: orphans after a gap can come back.
+    NoEpochBump,
+    /// Recovery writes the epoch bump but does not make it durable before new writes.
+    EpochBumpNotDurable,
+    /// Recovery follows any unit of the stream, ignoring the sequence chain and epoch rules.
+    StaleUnitsAccepted,
+}
+
+impl Mutant {
+    /// Every mutant, in a fixed order.
+    pub const ALL: [Mutant; 8] = [
+        Mutant::NoPrefixCut,
+        Mutant::NoDependencyClosure,
+        Mutant::CountOffByOne,
+        Mutant::CrcNotChecked,
+        Mutant::FlushSkipped,
+        Mutant::NoEpochBump,
+        Mutant::EpochBumpNotDurable,
+        Mutant::StaleUnitsAccepted,
+    ];
+
+    /// Kebab-case name, as the CLI takes it.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Mutant::NoPrefixCut => "no-prefix-cut",
+            Mutant::NoDependencyClosure => "no-dependency-closure",
+            Mutant::CountOffByOne => "count-off-by-one",
+            Mutant::CrcNotChecked => "crc-not-checked",
+            Mutant::FlushSkipped => "flush-skipped",
+            Mutant::NoEpochBump => "no-epoch-bump",
+            Mutant::EpochBumpNotDurable => "epoch-bump-not-durable",
+            Mutant::StaleUnitsAccepted => "stale-units-accepted",
+        }
+    }
+
+    /// Parse a kebab-case name.
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<Mutant> {
+        Mutant::ALL.into_iter().find(|m| m.name() == name)
+    }
+}
+
+/// Whether this build carries the mutants.
+#[must_use]
+pub const fn available() -> bool {
+    cfg!(feature = "mutants")
+}
