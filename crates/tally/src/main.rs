@@ -1,1 +1,43 @@
-fn main() {}
+//! The `tally` command. Each subcommand lives in its own module; this file only parses the
+//! command line, sets up logging and maps outcomes to exit codes.
+
+mod probe;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code for bad input: unusable arguments or a path the command refuses.
+pub const EXIT_BAD_INPUT: u8 = 2;
+/// Exit code for an I/O failure while running.
+pub const EXIT_IO_FAILURE: u8 = 1;
+
+/// Tally: a crash-consistent storage stack.
+#[derive(Debug, Parser)]
+#[command(name = "tally", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Measure write, flush and FUA latency of a file or block device.
+    Probe(probe::Args),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    // clap exits with code 2 on a usage error, matching EXIT_BAD_INPUT.
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Probe(args) => probe::run(&args),
+    }
+}
