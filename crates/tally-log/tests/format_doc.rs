@@ -1,0 +1,99 @@
+//! docs/FORMAT.md must agree with the constants the encoders use: every field row of the
+//! tables named below is compared, offset and size, with the code.
+
+use tally_log::format::{body, superblock, unit};
+
+/// The `| offset | size | field |` rows of the table under `### heading`.
+fn table(doc: &str, heading: &str) -> Vec<(usize, usize, String)> {
+    let start = doc.find(&format!("### {heading}\n")).unwrap_or_else(|| panic!("no section {heading}"));
+    let rest = &doc[start..];
+    let end = rest[4..].find("\n#").map_or(rest.len(), |e| e + 4);
+    rest[..end]
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| offset") && !l.starts_with("|---"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let offset = cells[1].parse().unwrap_or(usize::MAX);
+            (offset, cells[2].parse().unwrap(), cells[3].to_string())
+        })
+        .collect()
+}
+
+fn check(doc: &str, heading: &str, expected: &[(&str, usize, usize)]) {
+    let rows = table(doc, heading);
+    let got: Vec<(&str, usize, usize)> = rows.iter().map(|(o, s, f)| (f.as_str(), *o, *s)).collect();
+    assert_eq!(got, expected, "docs/FORMAT.md section {heading:?} disagrees with the code");
+}
+
+#[test]
+fn format_doc_matches_the_code() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/FORMAT.md")).unwrap();
+    use superblock::off as sb;
+    check(
+        &doc,
+        "Superblock header",
+        &[
+            ("magic", sb::MAGIC, superblock::SB_MAGIC.len()),
+            ("version", sb::VERSION, 2),
+            ("stream_count", sb::STREAM_COUNT, 2),
+            ("block_size", sb::BLOCK_SIZE, 4),
+            ("block_count", sb::BLOCK_COUNT, 8),
+            ("generation", sb::GENERATION, 8),
+            ("uuid", sb::UUID, 16),
+            ("segment_blocks", sb::SEGMENT_BLOCKS, 4),
+            ("segment_count", sb::SEGMENT_COUNT, 4),
+            ("first_segment_block", sb::FIRST_SEGMENT_BLOCK, 8),
+            ("crc", sb::CRC, 4),
+            ("reserved", sb::RESERVED, superblock::SB_STREAMS_OFFSET - sb::RESERVED),
+        ],
+    );
+    assert!(doc.contains(&format!("Entry `i` is at offset {} + {}·i", superblock::SB_STREAMS_OFFSET, superblock::SB_STREAM_SIZE)));
+    use superblock::stream_off as st;
+    check(
+        &doc,
+        "Superblock stream entry",
+        &[
+            ("checkpoint_seq", st::CHECKPOINT_SEQ, 8),
+            ("checkpoint_epoch", st::CHECKPOINT_EPOCH, 4),
+            ("checkpoint_segment", st::CHECKPOINT_SEGMENT, 4),
+            ("checkpoint_offset", st::CHECKPOINT_OFFSET, 4),
+            ("checkpoint_next_segment", st::CHECKPOINT_NEXT_SEGMENT, 4),
+            ("epoch", st::EPOCH, 4),
+            ("reserved", st::EPOCH + 4, st::BASE_SEQ - st::EPOCH - 4),
+            ("base_seq", st::BASE_SEQ, 8),
+            ("resume_seq", st::RESUME_SEQ, 8),
+            ("reserved", st::RESERVED, superblock::SB_STREAM_SIZE - st::RESERVED),
+        ],
+    );
+    use unit::off as u;
+    check(
+        &doc,
+        "Log unit header",
+        &[
+            ("magic", u::MAGIC, unit::UNIT_MAGIC.len()),
+            ("version", u::VERSION, 2),
+            ("kind", u::KIND, 1),
+            ("flags", u::FLAGS, 1),
+            ("stream", u::STREAM, 2),
+            ("reserved", u::RESERVED, 2),
+            ("epoch", u::EPOCH, 4),
+            ("seq", u::SEQ, 8),
+            ("prev_seq", u::PREV_SEQ, 8),
+            ("unit_index", u::UNIT_INDEX, 4),
+            ("unit_count", u::UNIT_COUNT, 4),
+            ("data_count", u::DATA_COUNT, 4),
+            ("next_segment", u::NEXT_SEGMENT, 4),
+            ("durable_watermark", u::DURABLE_WATERMARK, 8),
+            ("payload_len", u::PAYLOAD_LEN, 4),
+            ("crc", u::CRC, unit::UNIT_HEADER_SIZE - u::CRC),
+        ],
+    );
+    assert!(doc.contains(&format!("this {}-byte header", unit::UNIT_HEADER_SIZE)));
+    let rows = table(&doc, "Transaction body");
+    let fixed: Vec<(usize, usize)> = rows[..5].iter().map(|r| (r.0, r.1)).collect();
+    assert_eq!(fixed, [(0, 2), (2, 2), (4, 4), (8, 4), (12, 4)]);
+    assert_eq!(rows[4].0 + rows[4].1, body::BODY_HEADER_SIZE, "body header size");
+    assert_eq!(rows[5], (body::BODY_HEADER_SIZE, body::DEP_SIZE, "dependency".to_string()));
+    assert_eq!((rows[6].1, rows[6].2.as_str()), (4, "data_crc"));
+    assert_eq!((rows[7].1, rows[7].2.as_str()), (body::RECORD_LEN_SIZE, "record_len"));
+}
