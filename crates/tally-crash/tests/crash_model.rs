@@ -248,6 +248,33 @@ fn torn_variants_appear_only_when_enabled() {
 }
 
 #[test]
+fn torn_writes_show_which_orders_are_legal() {
+    // Units [1, 2, 2, 0] need W2 (prefix 3) to land before W1 (prefix 1): impossible when W1
+    // completed first, possible when both were in flight together.
+    let tearing = CrashOptions {
+        tearing: true,
+        ..opts()
+    };
+    let needs_w2_first = vec![1, 2, 2, 0];
+    let dev = CrashDevice::new(geometry(2048, 4, 512), CrashConfig::with_seed(3));
+    write_sync(&dev, 0, 1, NONE);
+    write_sync(&dev, 0, 2, NONE);
+    let cached = unit_sets(&dev, tearing.clone());
+    assert!(!cached.contains(&needs_w2_first));
+    assert!(
+        cached.contains(&vec![2, 2, 2, 1]),
+        "W1 whole, then W2 prefix 3"
+    );
+    let dev = CrashDevice::new(geometry(2048, 4, 512), CrashConfig::with_seed(3));
+    let _t1 = dev.submit(vec![w(&dev, 0, 1)], NONE).unwrap();
+    let _t2 = dev.submit(vec![w(&dev, 0, 2)], NONE).unwrap();
+    let in_flight = unit_sets(&dev, tearing);
+    assert!(in_flight.contains(&needs_w2_first));
+    assert!(in_flight.is_superset(&cached));
+    // Without tearing the last present write decides alone: both sets are {old, W1, W2}.
+}
+
+#[test]
 fn torn_images_mix_old_and_new_at_unit_boundaries_when_sampled() {
     let dev = CrashDevice::new(geometry(4096, 32, 512), CrashConfig::with_seed(4));
     for b in 0..20 {
