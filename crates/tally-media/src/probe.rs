@@ -444,4 +444,30 @@ mod tests {
         assert!(!dir.join("new").exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    #[test]
+    fn cleans_up_what_it_made() {
+        let dir = std::env::temp_dir().join(format!("tally-probe-clean-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let quick = ProbeOptions { size_bytes: 1 << 20, iterations: 3, ..ProbeOptions::default() };
+
+        let empty = dir.join("empty");
+        std::fs::File::create(&empty).unwrap();
+        let report = probe(&empty, quick).unwrap();
+        assert!(!report.created);
+        assert_eq!(report.size_bytes, 1 << 20);
+        assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0, "truncated back to empty");
+
+        let kept = dir.join("kept");
+        let report = probe(&kept, ProbeOptions { keep: true, ..quick }).unwrap();
+        assert!(report.created);
+        assert_eq!(std::fs::metadata(&kept).unwrap().len(), 1 << 20);
+        assert!(report.fdatasync_us.p50 > 0.0 && report.ceiling_commits_per_sec > 0.0);
+        assert_eq!(report.stats.flushes, u64::from(3 + WARMUP_COUNT));
+
+        let gone = dir.join("gone");
+        probe(&gone, quick).unwrap();
+        assert!(!gone.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -123,6 +123,52 @@ enum Writer {
     Threads(ThreadPool),
 }
 
+impl Writer {
+    /// The engine `options` ask for, and why io_uring was passed over when it was.
+    fn start(
+        options: &FileOptions,
+        file: &Arc<File>,
+        tracker: &Arc<Tracker>,
+        counters: &Arc<Counters>,
+    ) -> Result<(Writer, Option<String>)> {
+        let queue_depth = options.queue_depth.max(1);
+        let start_threads = || {
+            let thread_count = usize::try_from(options.thread_count.max(1)).unwrap_or(1);
+            let queue_depth = usize::try_from(queue_depth).unwrap_or(1);
+            let (file, tracker, counters) = (file.clone(), tracker.clone(), counters.clone());
+            ThreadPool::start(file, tracker, counters, thread_count, queue_depth)
+                .map(Writer::Threads)
+        };
+        let start_uring = || {
+            let (file, tracker, counters) = (file.clone(), tracker.clone(), counters.clone());
+            Uring::start(file, tracker, counters, queue_depth).map(Writer::Uring)
+        };
+        match options.engine {
+            Engine::Threads => Ok((start_threads()?, None)),
+            Engine::IoUring => {
+                let writer = start_uring()
+                    .map_err(|source| MediaError::Io { op: "io_uring setup", source })?;
+                Ok((writer, None))
+            }
+            Engine::Auto => match start_uring() {
+                Ok(writer) => Ok((writer, None)),
+                Err(error) => {
+                    let note = format!("io_uring unavailable ({error})");
+                    tracing::warn!("{note}; using a pwritev2 thread pool");
+                    Ok((start_threads()?, Some(note)))
+                }
+            },
+        }
+    }
+
+    fn kind(&self) -> EngineKind {
+        match self {
+            Writer::Uring(_) => EngineKind::IoUring,
+            Writer::Threads(_) => EngineKind::Threads,
+        }
+    }
+}
+
 /// A device backed by a regular file or a block device.
 pub struct FileDevice {
     // Declared first so it is dropped (and its writes drained) before `file` closes; Drop also
@@ -224,43 +270,10 @@ impl FileDevice {
         let file = Arc::new(file);
         let tracker = Arc::new(Tracker::new());
         let counters = Arc::new(Counters::default());
-        let queue_depth = options.queue_depth.max(1);
-        let start_threads = || {
-            ThreadPool::start(
-                Arc::clone(&file),
-                Arc::clone(&tracker),
-                Arc::clone(&counters),
-                options.thread_count.max(1) as usize,
-                queue_depth as usize,
-            )
-        };
-        let start_uring = || {
-            Uring::start(
-                Arc::clone(&file),
-                Arc::clone(&tracker),
-                Arc::clone(&counters),
-                queue_depth,
-            )
-        };
-        let mut engine_note = None;
-        let writer = match options.engine {
-            Engine::Threads => Writer::Threads(start_threads()?),
-            Engine::IoUring => Writer::Uring(
-                start_uring().map_err(|source| MediaError::Io { op: "io_uring setup", source })?,
-            ),
-            Engine::Auto => match start_uring() {
-                Ok(ring) => Writer::Uring(ring),
-                Err(error) => {
-                    let note = format!("io_uring unavailable ({error})");
-                    tracing::warn!("{note}; using a pwritev2 thread pool");
-                    engine_note = Some(note);
-                    Writer::Threads(start_threads()?)
-                }
-            },
-        };
+        let (writer, engine_note) = Writer::start(&options, &file, &tracker, &counters)?;
         tracing::debug!(
             path = %path.display(), ?geometry, direct,
-            engine = %match writer { Writer::Uring(_) => EngineKind::IoUring, Writer::Threads(_) => EngineKind::Threads },
+            engine = %writer.kind(),
             "opened file device"
         );
         Ok(FileDevice {
@@ -285,10 +298,7 @@ impl FileDevice {
     /// The write engine in use.
     #[must_use]
     pub fn engine(&self) -> EngineKind {
-        match self.writer {
-            Writer::Uring(_) => EngineKind::IoUring,
-            Writer::Threads(_) => EngineKind::Threads,
-        }
+        self.writer.kind()
     }
 
     /// Why `O_DIRECT` is not in use, if it was tried and refused.

@@ -36,14 +36,14 @@ pub(crate) fn block_device_shape(file: &File) -> crate::Result<(u32, u64)> {
     let fd = file.as_raw_fd();
     let mut logical: libc::c_int = 0;
     // SAFETY: BLKSSZGET writes one c_int through the pointer, which points at a live c_int.
-    let rc = unsafe { libc::ioctl(fd, libc::BLKSSZGET, &mut logical as *mut libc::c_int) };
+    let rc = unsafe { libc::ioctl(fd, libc::BLKSSZGET, std::ptr::addr_of_mut!(logical)) };
     if rc < 0 {
         return Err(MediaError::last_os("ioctl(BLKSSZGET)"));
     }
     let mut size_bytes: u64 = 0;
     // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points at a live u64. The
     // request number's type differs between libcs (c_ulong / c_int), hence the inferred cast.
-    let rc = unsafe { libc::ioctl(fd, BLKGETSIZE64 as _, &mut size_bytes as *mut u64) };
+    let rc = unsafe { libc::ioctl(fd, BLKGETSIZE64 as _, std::ptr::addr_of_mut!(size_bytes)) };
     if rc < 0 {
         return Err(MediaError::last_os("ioctl(BLKGETSIZE64)"));
     }

@@ -252,7 +252,9 @@ impl Shared {
             }
             self.counters.syscalls(1);
             let error = match self.ring.submit() {
-                Ok(_) => continue,
+                Ok(consumed) if consumed > 0 => continue,
+                // Nothing taken: treat like EAGAIN, so this loop cannot spin without bound.
+                Ok(_) => io::Error::from_raw_os_error(libc::EAGAIN),
                 Err(error) => error,
             };
             match error.raw_os_error() {
