@@ -87,13 +87,15 @@ impl Units {
             };
         }
         let floor = block_size.div_ceil(UNIT_COUNT_MAX).max(1);
-        let mut unit_size = torn_unit.max(atomic_write_size).max(floor).min(block_size);
-        // A unit must divide the block; round up to the next power of two (block sizes are).
-        if block_size % unit_size != 0 {
-            unit_size = unit_size.next_power_of_two().min(block_size);
-        }
+        // A unit must divide the block. Block sizes are powers of two, so rounding the unit up
+        // to one makes it divide.
+        let unit_size = torn_unit
+            .max(atomic_write_size)
+            .max(floor)
+            .next_power_of_two()
+            .min(block_size);
         let unit_count = block_size / unit_size;
-        assert!(unit_count >= 1 && unit_count <= UNIT_COUNT_MAX);
+        assert!((1..=UNIT_COUNT_MAX).contains(&unit_count));
         assert_eq!(unit_count * unit_size, block_size);
         Units {
             unit_size,
@@ -223,6 +225,7 @@ mod tests {
         );
         assert_eq!(Units::new(4096, 4096, 512, true).unit_count, 1);
         assert_eq!(Units::new(4096, 1024, 512, true).unit_size, 1024);
+        assert_eq!(Units::new(4096, 512, 1000, true).unit_size, 1024);
         assert_eq!(Units::new(4096, 512, 512, false).unit_count, 1);
         assert_eq!(
             Units::new(1 << 20, 512, 512, true).unit_count,
