@@ -5,6 +5,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod device;
+pub mod explore;
 
 pub use device::{
     CompletionPolicy, CrashConfig, CrashDevice, CrashImages, CrashOptions, CrashReport, FaultPlan,

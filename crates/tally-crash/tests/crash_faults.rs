@@ -12,10 +12,7 @@ use tally_media::{Device, MediaError, WriteFlags};
 const NONE: WriteFlags = WriteFlags::NONE;
 
 fn faulty(plan: FaultPlan) -> CrashDevice {
-    let config = CrashConfig {
-        faults: plan,
-        ..CrashConfig::with_seed(21)
-    };
+    let config = CrashConfig { faults: plan, ..CrashConfig::with_seed(21) };
     CrashDevice::new(geometry(4096, 16, 4096), config)
 }
 
@@ -25,36 +22,13 @@ fn is_failed(r: Result<impl std::fmt::Debug, MediaError>) -> bool {
 
 #[test]
 fn eio_on_the_nth_write_fails_its_submission_and_the_write_never_lands() {
-    let dev = faulty(FaultPlan {
-        write_eio_nth: Some(2),
-        ..FaultPlan::none()
-    });
+    let dev = faulty(FaultPlan { write_eio_nth: Some(2), ..FaultPlan::none() });
     write_sync(&dev, 0, 1, NONE); // write #1
-    let t = dev
-        .submit(vec![w(&dev, 1, 2), w(&dev, 2, 3)], NONE)
-        .unwrap(); // #2 fails, #3 lands
-    assert!(
-        !dev.is_failed(),
-        "the failure shows when the submission completes"
-    );
+    let t = dev.submit(vec![w(&dev, 1, 2), w(&dev, 2, 3)], NONE).unwrap(); // #2 fails, #3 lands
+    assert!(!dev.is_failed(), "the failure shows when the submission completes");
     let err = dev.wait(t);
-    assert!(
-        matches!(
-            err,
-            Err(MediaError::Injected {
-                op: "write",
-                nth: 2
-            })
-        ),
-        "{err:?}"
-    );
-    assert!(matches!(
-        dev.wait(t),
-        Err(MediaError::Injected {
-            op: "write",
-            nth: 2
-        })
-    ));
+    assert!(matches!(err, Err(MediaError::Injected { op: "write", nth: 2 })), "{err:?}");
+    assert!(matches!(dev.wait(t), Err(MediaError::Injected { op: "write", nth: 2 })));
     assert!(dev.is_failed());
     assert_eq!(block_tags(&dev.volatile_image(), 3), vec![1, 0, 3]);
     let got = block_tag_set(dev.crash_images(opts()), 3);
@@ -70,58 +44,34 @@ fn eio_on_the_nth_write_fails_its_submission_and_the_write_never_lands() {
 
 #[test]
 fn eio_on_the_nth_flush_makes_nothing_durable_and_fails_the_device() {
-    let dev = faulty(FaultPlan {
-        flush_eio_nth: Some(2),
-        ..FaultPlan::none()
-    });
+    let dev = faulty(FaultPlan { flush_eio_nth: Some(2), ..FaultPlan::none() });
     write_sync(&dev, 0, 1, NONE);
     dev.flush().unwrap();
     write_sync(&dev, 1, 2, NONE);
     let err = dev.flush();
-    assert!(
-        matches!(
-            err,
-            Err(MediaError::Injected {
-                op: "flush",
-                nth: 2
-            })
-        ),
-        "{err:?}"
-    );
+    assert!(matches!(err, Err(MediaError::Injected { op: "flush", nth: 2 })), "{err:?}");
     assert!(dev.is_failed());
     // The write the failed flush would have covered is still uncertain, and still readable.
     assert_eq!(block_tags(&dev.durable_image(), 2), vec![1, 0]);
-    assert_eq!(
-        block_tag_set(dev.crash_images(opts()), 2),
-        set_of(&[[1, 0], [1, 2]])
-    );
+    assert_eq!(block_tag_set(dev.crash_images(opts()), 2), set_of(&[[1, 0], [1, 2]]));
     let mut buf = fill(4096, 1, 0);
     dev.read(1, &mut buf).unwrap();
     assert_eq!(buf[0], 2);
     // Never retried as if it had worked.
     assert!(is_failed(dev.flush()));
     assert!(is_failed(dev.submit(vec![w(&dev, 3, 3)], NONE)));
-    assert_eq!(
-        block_tag_set(dev.crash_images(opts()), 2),
-        set_of(&[[1, 0], [1, 2]])
-    );
+    assert_eq!(block_tag_set(dev.crash_images(opts()), 2), set_of(&[[1, 0], [1, 2]]));
 }
 
 #[test]
 fn eio_on_the_nth_read_fails_that_read_only() {
-    let dev = faulty(FaultPlan {
-        read_eio_nth: Some(2),
-        ..FaultPlan::none()
-    });
+    let dev = faulty(FaultPlan { read_eio_nth: Some(2), ..FaultPlan::none() });
     write_sync(&dev, 0, 1, NONE);
     let mut buf = fill(4096, 1, 0xEE);
     dev.read(0, &mut buf).unwrap();
     buf.fill(0xEE);
     let err = dev.read(0, &mut buf);
-    assert!(
-        matches!(err, Err(MediaError::Injected { op: "read", nth: 2 })),
-        "{err:?}"
-    );
+    assert!(matches!(err, Err(MediaError::Injected { op: "read", nth: 2 })), "{err:?}");
     assert_eq!(buf[0], 0xEE, "a failed read leaves the buffer alone");
     dev.read(0, &mut buf).unwrap();
     assert_eq!(buf[0], 1);
@@ -135,10 +85,7 @@ fn flipped_bits(a: &[u8], b: &[u8]) -> u32 {
 
 #[test]
 fn bit_flip_on_the_nth_read_changes_one_bit_of_that_buffer_only() {
-    let dev = faulty(FaultPlan {
-        read_flip_nth: Some(2),
-        ..FaultPlan::none()
-    });
+    let dev = faulty(FaultPlan { read_flip_nth: Some(2), ..FaultPlan::none() });
     write_sync(&dev, 0, 0x5A, NONE);
     let clean = vec![0x5Au8; 4096];
     let mut buf = fill(4096, 1, 0);
@@ -154,14 +101,8 @@ fn bit_flip_on_the_nth_read_changes_one_bit_of_that_buffer_only() {
 #[test]
 fn bit_flips_by_probability_are_seeded() {
     let run = |seed: u64| {
-        let plan = FaultPlan {
-            read_flip_probability: 0.5,
-            ..FaultPlan::none()
-        };
-        let config = CrashConfig {
-            faults: plan,
-            ..CrashConfig::with_seed(seed)
-        };
+        let plan = FaultPlan { read_flip_probability: 0.5, ..FaultPlan::none() };
+        let config = CrashConfig { faults: plan, ..CrashConfig::with_seed(seed) };
         let dev = CrashDevice::new(geometry(4096, 4, 4096), config);
         let mut bufs = Vec::new();
         for _ in 0..32 {
@@ -173,10 +114,7 @@ fn bit_flips_by_probability_are_seeded() {
         bufs
     };
     let flips = run(1).iter().filter(|b| b.iter().any(|&x| x != 0)).count();
-    assert!(
-        flips > 4 && flips < 28,
-        "{flips} of 32 reads flipped at p = 0.5"
-    );
+    assert!(flips > 4 && flips < 28, "{flips} of 32 reads flipped at p = 0.5");
     assert_eq!(run(1), run(1));
     assert_ne!(run(1), run(2));
 }
@@ -184,25 +122,15 @@ fn bit_flips_by_probability_are_seeded() {
 #[test]
 fn ignored_flushes_lose_data_at_a_crash() {
     let honest = device();
-    let liar = faulty(FaultPlan {
-        ignore_flushes: true,
-        ..FaultPlan::none()
-    });
+    let liar = faulty(FaultPlan { ignore_flushes: true, ..FaultPlan::none() });
     for dev in [&honest, &liar] {
         write_sync(dev, 0, 1, NONE);
         dev.flush().unwrap();
     }
-    assert_eq!(
-        block_tag_set(honest.crash_images(opts()), 1),
-        set_of(&[[1]])
-    );
+    assert_eq!(block_tag_set(honest.crash_images(opts()), 1), set_of(&[[1]]));
     let lost: BTreeSet<Vec<u8>> = block_tag_set(liar.crash_images(opts()), 1);
     assert_eq!(lost, set_of(&[[0], [1]]), "the flushed write may be lost");
-    assert_eq!(
-        liar.stats().flushes,
-        1,
-        "the ignored flush is still counted"
-    );
+    assert_eq!(liar.stats().flushes, 1, "the ignored flush is still counted");
 }
 
 #[test]
@@ -210,21 +138,9 @@ fn faults_can_be_set_while_running() {
     let dev = device();
     write_sync(&dev, 0, 1, NONE);
     let next = dev.stats().writes + 1;
-    dev.set_faults(FaultPlan {
-        write_eio_nth: Some(next),
-        ..FaultPlan::none()
-    });
+    dev.set_faults(FaultPlan { write_eio_nth: Some(next), ..FaultPlan::none() });
     assert_eq!(dev.faults().write_eio_nth, Some(next));
     let err = dev.write_sync(vec![w(&dev, 1, 2)], NONE);
-    assert!(
-        matches!(
-            err,
-            Err(MediaError::Injected {
-                op: "write",
-                nth: 2
-            })
-        ),
-        "{err:?}"
-    );
+    assert!(matches!(err, Err(MediaError::Injected { op: "write", nth: 2 })), "{err:?}");
     assert!(is_failed(dev.flush()));
 }

@@ -34,8 +34,7 @@ struct Rec {
 type Tags = Vec<Vec<u8>>;
 
 fn precedes(x: &Rec, y: &Rec) -> bool {
-    x.completed_at
-        .is_some_and(|cx| y.submitted_at > cx || y.completed_at.is_some_and(|cy| cy > cx))
+    x.completed_at.is_some_and(|cx| y.submitted_at > cx || y.completed_at.is_some_and(|cy| cy > cx))
 }
 
 /// Drive `dev` through a random history; return the reference's records.
@@ -76,11 +75,7 @@ fn history(dev: &CrashDevice, rng: &mut fastrand::Rng, ops: usize) -> Vec<Rec> {
                     }
                     writes.push(Write::new(start, IoBuf::from_slice(&data)));
                 }
-                let flags = if fua {
-                    WriteFlags::FUA
-                } else {
-                    WriteFlags::NONE
-                };
+                let flags = if fua { WriteFlags::FUA } else { WriteFlags::NONE };
                 tickets.push((dev.submit(writes, flags).unwrap(), members, fua));
             }
             6..=7 if !tickets.is_empty() => {
@@ -130,19 +125,15 @@ fn reference(recs: &[Rec], tearing: bool, any_subset: bool) -> BTreeSet<Tags> {
     let mut out = BTreeSet::new();
     let mut digits = vec![0usize; uncertain.len()];
     loop {
-        let mut mask: Vec<u32> = recs
-            .iter()
-            .map(|r| if r.certain { full } else { 0 })
-            .collect();
+        let mut mask: Vec<u32> = recs.iter().map(|r| if r.certain { full } else { 0 }).collect();
         for (d, &u) in digits.iter().zip(&uncertain) {
             mask[u] = fate_list[*d];
         }
         // Per block, every legal order of its present writes.
         let mut per_block: Vec<BTreeSet<Vec<u8>>> = Vec::new();
         for b in 0..BLOCKS {
-            let present: Vec<usize> = (0..recs.len())
-                .filter(|&i| recs[i].block == b && mask[i] != 0)
-                .collect();
+            let present: Vec<usize> =
+                (0..recs.len()).filter(|&i| recs[i].block == b && mask[i] != 0).collect();
             let mut outcomes = BTreeSet::new();
             for perm in permutations(&present) {
                 let legal = (0..perm.len()).all(|i| {
@@ -224,42 +215,25 @@ fn check_seed(seed: u64, tearing: bool) -> bool {
     let recs = history(&dev, &mut rng, ops);
     let uncertain = recs.iter().filter(|r| !r.certain).count();
     // The device forgets uncertain writes that must land before a certain one to their block.
-    let moot = |r: &Rec| {
-        recs.iter()
-            .any(|c| c.certain && c.block == r.block && precedes(r, c))
-    };
+    let moot = |r: &Rec| recs.iter().any(|c| c.certain && c.block == r.block && precedes(r, c));
     let live = recs.iter().filter(|r| !r.certain && !moot(r)).count();
     assert_eq!(dev.uncertain_count(), live, "seed {seed}");
     if uncertain > if tearing { 3 } else { 7 } {
         return false; // keep the naive reference fast
     }
-    let options = CrashOptions {
-        tearing,
-        ..CrashOptions::default()
-    };
+    let options = CrashOptions { tearing, ..CrashOptions::default() };
     let (list, exhaustive) = device_set(&dev, options.clone());
     assert!(exhaustive, "seed {seed}");
     let got: BTreeSet<Tags> = list.iter().cloned().collect();
     assert_eq!(got.len(), list.len(), "seed {seed}: duplicate image");
-    assert_eq!(
-        got,
-        reference(&recs, tearing, false),
-        "seed {seed} tearing {tearing}: {recs:?}"
-    );
+    assert_eq!(got, reference(&recs, tearing, false), "seed {seed} tearing {tearing}: {recs:?}");
 
-    let sampled = CrashOptions {
-        exhaustive_max: 0,
-        samples: 64,
-        ..options
-    };
+    let sampled = CrashOptions { exhaustive_max: 0, samples: 64, ..options };
     let (list, exhaustive) = device_set(&dev, sampled);
     assert!(!exhaustive || live == 0);
     let legal = reference(&recs, tearing, true);
     for image in &list {
-        assert!(
-            legal.contains(image),
-            "seed {seed}: illegal sampled image {image:?}: {recs:?}"
-        );
+        assert!(legal.contains(image), "seed {seed}: illegal sampled image {image:?}: {recs:?}");
     }
     true
 }

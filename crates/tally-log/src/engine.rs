@@ -51,10 +51,9 @@ impl CommitMode {
 impl std::str::FromStr for CommitMode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        CommitMode::ALL
-            .into_iter()
-            .find(|m| m.name() == s)
-            .ok_or_else(|| format!("unknown commit mode {s:?} (classic, count, ordered, orderless)"))
+        CommitMode::ALL.into_iter().find(|m| m.name() == s).ok_or_else(|| {
+            format!("unknown commit mode {s:?} (classic, count, ordered, orderless)")
+        })
     }
 }
 
@@ -80,7 +79,11 @@ fn random_uuid() -> [u8; 16] {
     let mut out = [0u8; 16];
     for half in out.chunks_exact_mut(8) {
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
         half.copy_from_slice(&h.finish().to_le_bytes());
     }
     out
@@ -238,7 +241,9 @@ impl Log {
         let streams = usize::from(config.streams);
         if streams == 0 || streams > Superblock::stream_count_max(g.block_size) {
             let max = Superblock::stream_count_max(g.block_size);
-            return Err(LogError::Invalid(format!("{streams} streams; this block size allows 1..={max}")));
+            return Err(LogError::Invalid(format!(
+                "{streams} streams; this block size allows 1..={max}"
+            )));
         }
         if config.segment_blocks < 4 {
             return Err(LogError::Invalid("segments need at least 4 blocks".into()));
@@ -409,9 +414,14 @@ impl Log {
         }
         let bs = self.block_size as usize;
         if let Some(d) = tx.data.iter().find(|d| d.len() > bs) {
-            return Err(LogError::Invalid(format!("data block of {} bytes > block size {bs}", d.len())));
+            return Err(LogError::Invalid(format!(
+                "data block of {} bytes > block size {bs}",
+                d.len()
+            )));
         }
-        if tx.deps.len() > usize::from(u16::MAX) || tx.records.iter().any(|r| r.len() > u32::MAX as usize) {
+        if tx.deps.len() > usize::from(u16::MAX)
+            || tx.records.iter().any(|r| r.len() > u32::MAX as usize)
+        {
             return Err(LogError::Invalid("too many dependencies or record too large".into()));
         }
         let deps = if mode == CommitMode::Orderless { Vec::new() } else { self.live_deps(&tx) };
@@ -429,7 +439,8 @@ impl Log {
         let mut st = lock(&self.streams[s]);
         self.check_failed()?;
         if u64::from(st.offset) + span > u64::from(self.segment_blocks) {
-            let next_next = lock(&self.space).alloc().ok_or(LogError::NoSpace { stream: tx.stream })?;
+            let next_next =
+                lock(&self.space).alloc().ok_or(LogError::NoSpace { stream: tx.stream })?;
             st.segment = st.next_segment;
             st.next_segment = next_next;
             st.offset = 0;
@@ -481,7 +492,10 @@ impl Log {
         self.commits.fetch_add(1, Ordering::Relaxed);
         if mode == CommitMode::Orderless {
             drop(st);
-            let t = self.dev.submit(vec![Write::new(start, buf)], WriteFlags::NONE).map_err(|e| self.fail(e))?;
+            let t = self
+                .dev
+                .submit(vec![Write::new(start, buf)], WriteFlags::NONE)
+                .map_err(|e| self.fail(e))?;
             lock(&self.streams[s]).inflight.push((seq, seq, t));
             return Ok(info);
         }
@@ -505,7 +519,12 @@ impl Log {
 
     fn encode_commit_block(&self, header: &UnitHeader) -> IoBuf {
         let mut block = IoBuf::zeroed(self.block_size as usize);
-        let h = UnitHeader { kind: UnitKind::Commit, unit_index: header.unit_count, payload_len: 0, ..*header };
+        let h = UnitHeader {
+            kind: UnitKind::Commit,
+            unit_index: header.unit_count,
+            payload_len: 0,
+            ..*header
+        };
         h.encode_into(&self.uuid, &[], &mut block);
         block
     }
@@ -565,7 +584,10 @@ impl Log {
     /// # Errors
     /// I/O errors (the log is then failed) and an unknown stream.
     pub fn wait_durable(&self, t: TxId) -> Result<()> {
-        let st = self.streams.get(usize::from(t.stream)).ok_or_else(|| LogError::Invalid(format!("no stream {}", t.stream)))?;
+        let st = self
+            .streams
+            .get(usize::from(t.stream))
+            .ok_or_else(|| LogError::Invalid(format!("no stream {}", t.stream)))?;
         loop {
             if lock(st).durable >= t.seq {
                 return Ok(());
@@ -609,14 +631,16 @@ impl Log {
         let mut targets = Vec::with_capacity(self.streams.len());
         for s in 0..self.streams.len() {
             let st = lock(&self.streams[s]);
-            let target = st.placed.iter().rev().find(|p| p.clock < cut).map_or(st.durable, |p| p.seq);
+            let target =
+                st.placed.iter().rev().find(|p| p.clock < cut).map_or(st.durable, |p| p.seq);
             targets.push(target.max(st.durable));
         }
         for (s, &target) in targets.iter().enumerate() {
             self.wait_submitted(s, target)?;
             let tickets: Vec<Ticket> = {
                 let mut st = lock(&self.streams[s]);
-                let (due, rest): (Vec<_>, Vec<_>) = st.inflight.drain(..).partition(|b| b.0 <= target);
+                let (due, rest): (Vec<_>, Vec<_>) =
+                    st.inflight.drain(..).partition(|b| b.0 <= target);
                 st.inflight = rest;
                 due.into_iter().map(|b| b.2).collect()
             };
@@ -668,7 +692,9 @@ impl Log {
                 return Ok(());
             }
             let Some(p) = st.placed.iter().find(|p| p.seq == seq).copied() else {
-                return Err(LogError::Invalid(format!("stream {stream} has no transaction {seq} to checkpoint")));
+                return Err(LogError::Invalid(format!(
+                    "stream {stream} has no transaction {seq} to checkpoint"
+                )));
             };
             while st.placed.front().is_some_and(|q| q.seq <= seq) {
                 st.placed.pop_front();
@@ -700,7 +726,12 @@ impl Log {
     }
 
     /// Write `sb` into the copy not holding the current one, then (if `durable`) wait and flush.
-    pub(crate) fn write_superblock(&self, state: &mut SbState, mut sb: Superblock, durable: bool) -> Result<()> {
+    pub(crate) fn write_superblock(
+        &self,
+        state: &mut SbState,
+        mut sb: Superblock,
+        durable: bool,
+    ) -> Result<()> {
         sb.generation = state.sb.generation + 1;
         let slot = 1 - state.slot;
         let buf = IoBuf::from_slice(&sb.encode());

@@ -72,6 +72,9 @@ pub struct Recovery {
     pub scan_time: Duration,
 }
 
+/// Logs smaller than this many blocks are scanned one stream after another.
+const PARALLEL_SCAN_BLOCKS_MIN: u64 = 1 << 14;
+
 struct Scan {
     txs: Vec<(RecoveredTx, Placed)>,
     chain: Vec<u32>,
@@ -107,18 +110,30 @@ impl Log {
         let (sb, slot) = read_superblock(&*dev)?;
         let started = Instant::now();
         let ctx = Ctx { dev: &*dev, sb: &sb, options };
-        let scans: Vec<Result<Scan>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..sb.streams.len())
-                .map(|s| {
-                    let ctx = &ctx;
-                    scope.spawn(move || scan_stream(ctx, s as u16))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(LogError::Invalid("scan thread panicked".into()))))
-                .collect()
-        });
+        // Streams are scanned in parallel, one thread each, when the log is large enough for
+        // that to pay; a small log is scanned faster than a thread starts.
+        let log_blocks = u64::from(sb.segment_count) * u64::from(sb.segment_blocks);
+        let parallel = sb.streams.len() > 1 && log_blocks >= PARALLEL_SCAN_BLOCKS_MIN;
+        let scans: Vec<Result<Scan>> = if !parallel {
+            (0..sb.streams.len()).map(|s| scan_stream(&ctx, s as u16)).collect()
+        } else {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..sb.streams.len())
+                    .map(|s| {
+                        let ctx = &ctx;
+                        scope.spawn(move || scan_stream(ctx, s as u16))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(LogError::Invalid("scan thread panicked".into()))
+                        })
+                    })
+                    .collect()
+            })
+        };
         let mut scans = scans.into_iter().collect::<Result<Vec<Scan>>>()?;
         let mut cut = vec![0usize; scans.len()];
         if !ctx.mutant(Mutant::NoDependencyClosure) {
@@ -140,7 +155,8 @@ impl Log {
                 StreamRoot {
                     epoch: root.epoch + 1,
                     base_seq: tail,
-                    resume_seq: tail.max(scan.max_seq_seen).max(root.resume_seq.saturating_sub(1)) + 1,
+                    resume_seq: tail.max(scan.max_seq_seen).max(root.resume_seq.saturating_sub(1))
+                        + 1,
                     ..root
                 }
             } else {
@@ -200,7 +216,9 @@ fn read_superblock(dev: &dyn Device) -> Result<(Superblock, usize)> {
         let mut buf = vec![0u8; g.block_size as usize];
         dev.read(block, &mut buf)?;
         match Superblock::decode(&buf, block) {
-            Ok(sb) if best.as_ref().is_none_or(|b| sb.generation > b.0.generation) => best = Some((sb, slot)),
+            Ok(sb) if best.as_ref().is_none_or(|b| sb.generation > b.0.generation) => {
+                best = Some((sb, slot))
+            }
             Ok(_) => {}
             Err(e) => errors.push(e.to_string()),
         }
@@ -245,8 +263,9 @@ fn scan_stream(ctx: &Ctx<'_>, s: u16) -> Result<Scan> {
             Some(f) => Some(f),
             None if scan.next_segment != root.checkpoint_segment || scan.chain.len() == 1 => {
                 let next = scan.next_segment;
-                let f = try_tx(ctx, s, next, 0, last, root, &mut scan)?
-                    .filter(|h| h.0.next_segment != next && h.0.next_segment < ctx.sb.segment_count);
+                let f = try_tx(ctx, s, next, 0, last, root, &mut scan)?.filter(|h| {
+                    h.0.next_segment != next && h.0.next_segment < ctx.sb.segment_count
+                });
                 if f.is_some() {
                     scan.chain.push(next);
                     scan.end_segment = next;
@@ -315,7 +334,10 @@ fn try_tx(
     scan.max_seq_seen = scan.max_seq_seen.max(h.seq);
     let chained = h.prev_seq == last.0 && h.seq > last.0 && h.epoch >= last.1;
     let epoch_ok = h.epoch == root.epoch || (h.epoch < root.epoch && h.seq <= root.base_seq);
-    if !(chained && epoch_ok) && !ctx.mutant(Mutant::StaleUnitsAccepted) && !ctx.mutant(Mutant::NoPrefixCut) {
+    if !(chained && epoch_ok)
+        && !ctx.mutant(Mutant::StaleUnitsAccepted)
+        && !ctx.mutant(Mutant::NoPrefixCut)
+    {
         return Ok(None);
     }
     if ctx.mutant(Mutant::NoPrefixCut) && !epoch_ok {
@@ -331,7 +353,9 @@ fn try_tx(
     let mut body = Vec::new();
     for (i, block) in all.chunks_exact(bs).take(h.unit_count as usize).enumerate() {
         let at = first + i as u64;
-        let Ok((u, payload)) = UnitHeader::decode(&sb.uuid, block, at, check_crc) else { return Ok(None) };
+        let Ok((u, payload)) = UnitHeader::decode(&sb.uuid, block, at, check_crc) else {
+            return Ok(None);
+        };
         if !u.same_transaction(&h) || u.unit_index != i as u32 || u.kind != UnitKind::Body {
             return Ok(None);
         }
@@ -342,7 +366,11 @@ fn try_tx(
         return Ok(None);
     }
     let data = all.chunks_exact(bs).skip(h.unit_count as usize).take(h.data_count as usize);
-    let checked = if ctx.mutant(Mutant::CountOffByOne) { h.data_count.saturating_sub(1) } else { h.data_count };
+    let checked = if ctx.mutant(Mutant::CountOffByOne) {
+        h.data_count.saturating_sub(1)
+    } else {
+        h.data_count
+    };
     for (block, &crc) in data.zip(&body.data_crcs).take(checked as usize) {
         if check_crc && crc_padded(block, bs) != crc {
             return Ok(None);
@@ -351,7 +379,9 @@ fn try_tx(
     if h.flags & FLAG_CLASSIC != 0 {
         let at = first + span - 1;
         let block = &all[(span as usize - 1) * bs..];
-        let Ok((c, _)) = UnitHeader::decode(&sb.uuid, block, at, check_crc) else { return Ok(None) };
+        let Ok((c, _)) = UnitHeader::decode(&sb.uuid, block, at, check_crc) else {
+            return Ok(None);
+        };
         if c.kind != UnitKind::Commit || !c.same_transaction(&h) || c.unit_index != h.unit_count {
             return Ok(None);
         }
@@ -377,7 +407,8 @@ fn close_dependencies(sb: &Superblock, scans: &mut [Scan], cut: &mut [usize]) {
         let stream_count = scans.len();
         let satisfied = |d: &TxId| {
             let st = usize::from(d.stream);
-            st < stream_count && (d.seq <= sb.streams[st].checkpoint_seq || alive[st].contains(&d.seq))
+            st < stream_count
+                && (d.seq <= sb.streams[st].checkpoint_seq || alive[st].contains(&d.seq))
         };
         let mut changed = false;
         for (s, scan) in scans.iter_mut().enumerate() {

@@ -72,7 +72,11 @@ fn transactions_cross_segment_boundaries_and_large_bodies_span_units() {
     log.sync().unwrap();
     drop(log);
     let (_log, r) = reopen(&dev);
-    let got: Vec<_> = r.streams[0].txs.iter().map(|t| String::from_utf8_lossy(&t.records[0]).into_owned()).collect();
+    let got: Vec<_> = r.streams[0]
+        .txs
+        .iter()
+        .map(|t| String::from_utf8_lossy(&t.records[0]).into_owned())
+        .collect();
     assert_eq!(got, expect);
     assert_eq!(r.streams[0].txs[3].records[1], vec![3u8; 900]);
 }
@@ -179,7 +183,10 @@ fn reopen_is_idempotent_and_bumps_epochs() {
 #[test]
 fn garbage_devices_are_refused_not_panicked_on() {
     let dev = Arc::new(MemDevice::new(512, 64).unwrap());
-    assert!(matches!(Log::open(dev.clone(), OpenOptions::default()), Err(LogError::NotFormatted { .. })));
+    assert!(matches!(
+        Log::open(dev.clone(), OpenOptions::default()),
+        Err(LogError::NotFormatted { .. })
+    ));
     let small = MemDevice::new(512, 8).unwrap();
     assert!(matches!(Log::format(&small, &LogConfig::default()), Err(LogError::Invalid(_))));
 }

@@ -5,7 +5,8 @@ use tally_log::format::{body, superblock, unit};
 
 /// The `| offset | size | field |` rows of the table under `### heading`.
 fn table(doc: &str, heading: &str) -> Vec<(usize, usize, String)> {
-    let start = doc.find(&format!("### {heading}\n")).unwrap_or_else(|| panic!("no section {heading}"));
+    let start =
+        doc.find(&format!("### {heading}\n")).unwrap_or_else(|| panic!("no section {heading}"));
     let rest = &doc[start..];
     let end = rest[4..].find("\n#").map_or(rest.len(), |e| e + 4);
     rest[..end]
@@ -21,13 +22,15 @@ fn table(doc: &str, heading: &str) -> Vec<(usize, usize, String)> {
 
 fn check(doc: &str, heading: &str, expected: &[(&str, usize, usize)]) {
     let rows = table(doc, heading);
-    let got: Vec<(&str, usize, usize)> = rows.iter().map(|(o, s, f)| (f.as_str(), *o, *s)).collect();
+    let got: Vec<(&str, usize, usize)> =
+        rows.iter().map(|(o, s, f)| (f.as_str(), *o, *s)).collect();
     assert_eq!(got, expected, "docs/FORMAT.md section {heading:?} disagrees with the code");
 }
 
 #[test]
 fn format_doc_matches_the_code() {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/FORMAT.md")).unwrap();
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/FORMAT.md"))
+        .unwrap();
     use superblock::off as sb;
     check(
         &doc,
@@ -47,7 +50,11 @@ fn format_doc_matches_the_code() {
             ("reserved", sb::RESERVED, superblock::SB_STREAMS_OFFSET - sb::RESERVED),
         ],
     );
-    assert!(doc.contains(&format!("Entry `i` is at offset {} + {}·i", superblock::SB_STREAMS_OFFSET, superblock::SB_STREAM_SIZE)));
+    assert!(doc.contains(&format!(
+        "Entry `i` is at offset {} + {}·i",
+        superblock::SB_STREAMS_OFFSET,
+        superblock::SB_STREAM_SIZE
+    )));
     use superblock::stream_off as st;
     check(
         &doc,

@@ -107,23 +107,10 @@ impl Plan {
         let mut groups = Vec::with_capacity(by_block.len());
         for (block, members) in by_block {
             let base = Content::new(durable.block(block).into());
-            groups.push(Group {
-                block,
-                base,
-                members,
-            });
+            groups.push(Group { block, base, members });
         }
-        let contents = writes
-            .iter()
-            .map(|w| Content::new(w.data.clone()))
-            .collect();
-        Plan {
-            durable,
-            writes,
-            contents,
-            groups,
-            units,
-        }
+        let contents = writes.iter().map(|w| Content::new(w.data.clone())).collect();
+        Plan { durable, writes, contents, groups, units }
     }
 
     /// The durable image with `delta` (block, content) applied.
@@ -157,11 +144,7 @@ impl CrashImages {
         } else {
             None
         };
-        let mut report = CrashReport {
-            seed,
-            uncertain_writes,
-            ..CrashReport::default()
-        };
+        let mut report = CrashReport { seed, uncertain_writes, ..CrashReport::default() };
         let mode = match exhaustive {
             Some(e) => {
                 report.exhaustive = true;

@@ -57,13 +57,7 @@ impl Exhaustive {
             options.push(contents);
         }
         let counter = vec![0; options.len()];
-        Some(Exhaustive {
-            options,
-            counter,
-            done: false,
-            candidates,
-            image_count,
-        })
+        Some(Exhaustive { options, counter, done: false, candidates, image_count })
     }
 
     /// Fate combinations × orders considered (saturating).
@@ -103,11 +97,8 @@ impl Exhaustive {
 /// Upper bound of the candidates of a block with `k` writes of `f` fates each.
 fn candidate_bound(k: usize, f: usize, can_tear: bool) -> u64 {
     let combos = (f as u64).saturating_pow(u32::try_from(k).unwrap_or(u32::MAX));
-    let orders = if can_tear {
-        (1..=k as u64).fold(1u64, u64::saturating_mul)
-    } else {
-        (k as u64).max(1)
-    };
+    let orders =
+        if can_tear { (1..=k as u64).fold(1u64, u64::saturating_mul) } else { (k as u64).max(1) };
     combos.saturating_mul(orders)
 }
 
@@ -120,10 +111,7 @@ pub(crate) struct Distinct {
 impl Distinct {
     /// A set holding `first` at index 0.
     pub(crate) fn new(first: Content) -> Self {
-        let mut set = Distinct {
-            contents: Vec::new(),
-            by_hash: HashMap::new(),
-        };
+        let mut set = Distinct { contents: Vec::new(), by_hash: HashMap::new() };
         set.insert(first);
         set
     }
@@ -159,9 +147,8 @@ fn block_outcomes(plan: &Plan, group: &Group, fates: &[Fate]) -> (Vec<Content>, 
             distinct.insert(group.base.clone());
         } else if present.iter().all(|(_, f)| *f == Fate::Whole) {
             for &(m, _) in &present {
-                let last = present
-                    .iter()
-                    .all(|&(q, _)| !precedes(&plan.writes[m], &plan.writes[q]));
+                let last =
+                    present.iter().all(|&(q, _)| !precedes(&plan.writes[m], &plan.writes[q]));
                 if last {
                     candidates += 1;
                     distinct.insert(plan.contents[m].clone());
@@ -194,10 +181,7 @@ fn block_outcomes(plan: &Plan, group: &Group, fates: &[Fate]) -> (Vec<Content>, 
 fn is_legal_order(plan: &Plan, present: &[(usize, Fate)], perm: &[usize]) -> bool {
     perm.iter().enumerate().all(|(i, &later)| {
         perm[..i].iter().all(|&earlier| {
-            !precedes(
-                &plan.writes[present[later].0],
-                &plan.writes[present[earlier].0],
-            )
+            !precedes(&plan.writes[present[later].0], &plan.writes[present[earlier].0])
         })
     })
 }

@@ -81,26 +81,17 @@ impl Units {
         tearing: bool,
     ) -> Self {
         if !tearing {
-            return Units {
-                unit_size: block_size,
-                unit_count: 1,
-            };
+            return Units { unit_size: block_size, unit_count: 1 };
         }
         let floor = block_size.div_ceil(UNIT_COUNT_MAX).max(1);
         // A unit must divide the block. Block sizes are powers of two, so rounding the unit up
         // to one makes it divide.
-        let unit_size = torn_unit
-            .max(atomic_write_size)
-            .max(floor)
-            .next_power_of_two()
-            .min(block_size);
+        let unit_size =
+            torn_unit.max(atomic_write_size).max(floor).next_power_of_two().min(block_size);
         let unit_count = block_size / unit_size;
         assert!((1..=UNIT_COUNT_MAX).contains(&unit_count));
         assert_eq!(unit_count * unit_size, block_size);
-        Units {
-            unit_size,
-            unit_count,
-        }
+        Units { unit_size, unit_count }
     }
 
     /// Whether a block may tear at all.
@@ -216,21 +207,12 @@ mod tests {
 
     #[test]
     fn units_respect_atomic_size_and_tearing_switch() {
-        assert_eq!(
-            Units::new(4096, 512, 512, true),
-            Units {
-                unit_size: 512,
-                unit_count: 8
-            }
-        );
+        assert_eq!(Units::new(4096, 512, 512, true), Units { unit_size: 512, unit_count: 8 });
         assert_eq!(Units::new(4096, 4096, 512, true).unit_count, 1);
         assert_eq!(Units::new(4096, 1024, 512, true).unit_size, 1024);
         assert_eq!(Units::new(4096, 512, 1000, true).unit_size, 1024);
         assert_eq!(Units::new(4096, 512, 512, false).unit_count, 1);
-        assert_eq!(
-            Units::new(1 << 20, 512, 512, true).unit_count,
-            UNIT_COUNT_MAX
-        );
+        assert_eq!(Units::new(1 << 20, 512, 512, true).unit_count, UNIT_COUNT_MAX);
     }
 
     #[test]

@@ -68,10 +68,7 @@ pub(crate) struct Injected {
 impl Injected {
     /// The error value.
     pub(crate) fn error(self) -> MediaError {
-        MediaError::Injected {
-            op: self.op,
-            nth: self.nth,
-        }
+        MediaError::Injected { op: self.op, nth: self.nth }
     }
 }
 
@@ -91,22 +88,15 @@ mod tests {
 
     #[test]
     fn nth_matching_is_exact() {
-        let plan = FaultPlan {
-            write_eio_nth: Some(3),
-            flush_eio_nth: Some(1),
-            ..FaultPlan::none()
-        };
+        let plan =
+            FaultPlan { write_eio_nth: Some(3), flush_eio_nth: Some(1), ..FaultPlan::none() };
         assert!(!plan.write_fails(2) && plan.write_fails(3) && !plan.write_fails(4));
         assert!(plan.flush_fails(1) && !plan.flush_fails(2));
         assert!(!plan.read_fails(1));
         let mut rng = fastrand::Rng::with_seed(7);
         let before = rng.clone().u64(..);
         assert!(!plan.read_flips(1, &mut rng));
-        assert_eq!(
-            rng.u64(..),
-            before,
-            "no probability set: no randomness consumed"
-        );
+        assert_eq!(rng.u64(..), before, "no probability set: no randomness consumed");
     }
 
     #[test]

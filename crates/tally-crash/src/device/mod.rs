@@ -104,10 +104,7 @@ impl CrashConfig {
     /// In-order completion, no faults, the given seed.
     #[must_use]
     pub fn with_seed(seed: u64) -> Self {
-        CrashConfig {
-            seed,
-            ..CrashConfig::default()
-        }
+        CrashConfig { seed, ..CrashConfig::default() }
     }
 }
 
@@ -225,9 +222,7 @@ impl CrashDevice {
             let state = self.lock();
             Plan::new(state.durable.clone(), state.uncertain(), &options)
         };
-        let seed = options
-            .seed
-            .unwrap_or_else(|| derive_sampler_seed(self.seed));
+        let seed = options.seed.unwrap_or_else(|| derive_sampler_seed(self.seed));
         CrashImages::new(plan, &options, seed)
     }
 }

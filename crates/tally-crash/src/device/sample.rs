@@ -90,11 +90,7 @@ impl Sampler {
                 0 => {
                     let random = |rng: &mut fastrand::Rng| {
                         if !units.can_tear() {
-                            return if rng.bool() {
-                                Fate::Whole
-                            } else {
-                                Fate::Absent
-                            };
+                            return if rng.bool() { Fate::Whole } else { Fate::Absent };
                         }
                         match rng.u8(..3) {
                             0 => Fate::Absent,
@@ -131,21 +127,15 @@ impl Sampler {
                 Fate::Whole
             }
         };
-        keep.into_iter()
-            .map(|k| if k { present(rng) } else { Fate::Absent })
-            .collect()
+        keep.into_iter().map(|k| if k { present(rng) } else { Fate::Absent }).collect()
     }
 
     /// Compose each affected block with a random legal order; keep blocks that changed.
     fn compose_delta(&mut self, plan: &Plan, fates: &[Fate]) -> Delta {
         let mut delta = Vec::new();
         for group in &plan.groups {
-            let mut remaining: Vec<usize> = group
-                .members
-                .iter()
-                .copied()
-                .filter(|&m| fates[m].is_present())
-                .collect();
+            let mut remaining: Vec<usize> =
+                group.members.iter().copied().filter(|&m| fates[m].is_present()).collect();
             if remaining.is_empty() {
                 continue;
             }
@@ -159,10 +149,7 @@ impl Sampler {
                     })
                     .collect();
                 // Precedence is acyclic (it follows logical time), so something is ready.
-                assert!(
-                    !ready.is_empty(),
-                    "precedence cycle among writes to one block"
-                );
+                assert!(!ready.is_empty(), "precedence cycle among writes to one block");
                 let taken = remaining.swap_remove(ready[self.rng.usize(..ready.len())]);
                 order.push((&plan.contents[taken], fates[taken]));
             }
@@ -183,10 +170,7 @@ impl Sampler {
         let slot = self.seen.entry(h.finish()).or_default();
         let equal = |other: &Delta| {
             other.len() == delta.len()
-                && other
-                    .iter()
-                    .zip(delta)
-                    .all(|(a, b)| a.0 == b.0 && a.1.same(&b.1))
+                && other.iter().zip(delta).all(|(a, b)| a.0 == b.0 && a.1.same(&b.1))
         };
         if slot.iter().any(equal) {
             return false;

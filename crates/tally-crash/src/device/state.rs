@@ -71,9 +71,7 @@ impl State {
     }
 
     fn failed_error(&self) -> Option<MediaError> {
-        self.failed.as_ref().map(|first| MediaError::Failed {
-            first_error: first.clone(),
-        })
+        self.failed.as_ref().map(|first| MediaError::Failed { first_error: first.clone() })
     }
 
     /// See [`tally_media::Device::read`].
@@ -86,11 +84,7 @@ impl State {
             return Err(Injected { op: "read", nth }.error());
         }
         let end = block + u64::from(count);
-        if self
-            .in_flight
-            .iter()
-            .any(|w| (block..end).contains(&w.block))
-        {
+        if self.in_flight.iter().any(|w| (block..end).contains(&w.block)) {
             self.reads_of_in_flight += 1;
         }
         let bs = self.geometry().block_size as usize;
@@ -129,10 +123,7 @@ impl State {
             counters.write(w.data.len(), flags.fua);
             self.writes_seen += 1;
             if self.faults.write_fails(self.writes_seen) {
-                error.get_or_insert(Injected {
-                    op: "write",
-                    nth: self.writes_seen,
-                });
+                error.get_or_insert(Injected { op: "write", nth: self.writes_seen });
                 continue;
             }
             for (i, chunk) in w.data.chunks_exact(bs).enumerate() {
@@ -147,11 +138,7 @@ impl State {
                 self.next_write_id += 1;
             }
         }
-        self.submissions.push(Submission {
-            fua: flags.fua,
-            done: false,
-            error,
-        });
+        self.submissions.push(Submission { fua: flags.fua, done: false, error });
         self.check();
         Ok(Ticket(ticket))
     }
@@ -195,9 +182,8 @@ impl State {
         if self.submissions[index].done {
             return Ok(());
         }
-        let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.in_flight)
-            .into_iter()
-            .partition(|w| w.ticket == ticket.0);
+        let (mine, rest): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.in_flight).into_iter().partition(|w| w.ticket == ticket.0);
         self.in_flight = rest;
         let fua = self.submissions[index].fua;
         for mut w in mine {
@@ -247,10 +233,7 @@ impl State {
         counters.flush();
         self.flushes_seen += 1;
         if self.faults.flush_fails(self.flushes_seen) {
-            let injected = Injected {
-                op: "flush",
-                nth: self.flushes_seen,
-            };
+            let injected = Injected { op: "flush", nth: self.flushes_seen };
             self.failed = Some(injected.error().to_string());
             return Err(injected.error());
         }
@@ -287,10 +270,7 @@ impl State {
         if !cfg!(debug_assertions) {
             return;
         }
-        assert!(self
-            .cache
-            .windows(2)
-            .all(|p| p[0].completed_at < p[1].completed_at));
+        assert!(self.cache.windows(2).all(|p| p[0].completed_at < p[1].completed_at));
         assert!(self.cache.iter().all(|w| w.completed_at.is_some()));
         assert!(self.in_flight.windows(2).all(|p| p[0].id < p[1].id));
         assert!(self.in_flight.iter().all(|w| w.completed_at.is_none()));
@@ -298,10 +278,7 @@ impl State {
             let last = self.cache.iter().rev().find(|w| w.block == *block);
             assert!(last.is_some_and(|w| Arc::ptr_eq(&w.data, data)));
         }
-        assert!(self
-            .cache
-            .iter()
-            .all(|w| self.overlay.contains_key(&w.block)));
+        assert!(self.cache.iter().all(|w| self.overlay.contains_key(&w.block)));
         for w in &self.in_flight {
             assert!(!self.submissions[(w.ticket - 1) as usize].done);
         }

@@ -40,10 +40,7 @@ pub fn tags(image: &Image, blocks: u64, unit: usize) -> Vec<Vec<u8>> {
                 .block(b)
                 .chunks(unit)
                 .map(|u| {
-                    assert!(
-                        u.iter().all(|&x| x == u[0]),
-                        "unit not uniform in block {b}"
-                    );
+                    assert!(u.iter().all(|&x| x == u[0]), "unit not uniform in block {b}");
                     u[0]
                 })
                 .collect()

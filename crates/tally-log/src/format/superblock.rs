@@ -149,7 +149,9 @@ impl Superblock {
         }
         let version = field(r.u16(off::VERSION).map(u64::from))?;
         if version != u64::from(FORMAT_VERSION) {
-            return Err(bad(format!("format version {version}, this build reads {FORMAT_VERSION}")));
+            return Err(bad(format!(
+                "format version {version}, this build reads {FORMAT_VERSION}"
+            )));
         }
         if !r.zeros(off::RESERVED, SB_STREAMS_OFFSET - off::RESERVED) {
             return Err(bad("reserved header bytes are not zero".into()));

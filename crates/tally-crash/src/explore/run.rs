@@ -1,0 +1,554 @@
+//! Running workloads and checking every crash state.
+
+use std::collections::{BTreeMap, HashSet};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tally_log::{CommitMode, Log, LogConfig, LogError, Mutant, OpenOptions, Recovery, Transaction};
+use tally_media::{Device, Geometry, Image, MemDevice};
+
+use super::model::{survivor_tags, Invariant, Model, ModelTx, Violation};
+use super::workload::{Op, Workload};
+use crate::{CrashConfig, CrashDevice, CrashOptions, FaultPlan};
+
+/// The image a workload starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Start {
+    /// A freshly formatted log.
+    Empty,
+    /// Stream 0 filled until no segment is free.
+    NearlyFull,
+    /// Segments filled, checkpointed and reused several times: stale units everywhere.
+    Wrapped,
+}
+
+impl Start {
+    /// Every start.
+    pub const ALL: [Start; 3] = [Start::Empty, Start::NearlyFull, Start::Wrapped];
+}
+
+/// What to explore, and how hard.
+#[derive(Debug, Clone)]
+pub struct ExploreConfig {
+    /// Block size of the simulated device (1 KiB: two 512-byte sectors, so units can tear).
+    pub block_size: u32,
+    /// Streams of the log.
+    pub streams: u16,
+    /// Blocks per segment (small, so workloads cross segment boundaries).
+    pub segment_blocks: u32,
+    /// Segments on the device.
+    pub segment_count: u32,
+    /// How crash images are made at each point.
+    pub crash: CrashOptions,
+    /// A crash op continues from at most this many of its images.
+    pub branch_max: usize,
+    /// Also crash inside every recovery.
+    pub recovery_crashes: bool,
+    /// A deliberately broken protocol variant.
+    pub mutant: Option<Mutant>,
+    /// Drives every random choice.
+    pub seed: u64,
+    /// Stop at the first violation.
+    pub stop_at_first: bool,
+}
+
+impl Default for ExploreConfig {
+    fn default() -> Self {
+        ExploreConfig {
+            block_size: 1024,
+            streams: 2,
+            segment_blocks: 8,
+            segment_count: 10,
+            crash: CrashOptions { tearing: true, samples: 64, ..CrashOptions::default() },
+            branch_max: 6,
+            recovery_crashes: true,
+            mutant: None,
+            seed: 1,
+            stop_at_first: false,
+        }
+    }
+}
+
+/// The first violation found, with what replays it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FirstViolation {
+    /// Seed of the run.
+    pub seed: u64,
+    /// The workload, one letter per op.
+    pub workload: String,
+    /// The image the workload started from.
+    pub start: Start,
+    /// Op after which the crash happened.
+    pub op_index: usize,
+    /// Which invariant broke.
+    pub invariant: Invariant,
+    /// What was seen.
+    pub message: String,
+    /// Crash states checked before it, in the whole run.
+    pub states_before: u64,
+    /// The command that replays it.
+    pub replay: String,
+}
+
+/// Totals of an exploration, as `tally crash log --json` prints them.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Report {
+    /// Workloads run.
+    pub workloads: u64,
+    /// Persistence points crashed at.
+    pub crash_points: u64,
+    /// Post-crash images recovered and judged.
+    pub states_checked: u64,
+    /// Distinct images among them.
+    pub unique_states: u64,
+    /// Images left by crashes inside recovery, recovered and compared.
+    pub recovery_crash_states: u64,
+    /// Violations found.
+    pub violations: u64,
+    /// Violations per invariant.
+    pub violations_by_invariant: BTreeMap<String, u64>,
+    /// Whether every crash point was enumerated exhaustively.
+    pub all_exhaustive: bool,
+    /// States checked per second of wall time.
+    pub states_per_sec: f64,
+    /// Wall time.
+    pub elapsed_sec: f64,
+    /// The mutant explored, if any.
+    pub mutant: Option<String>,
+    /// The first violation.
+    pub first_violation: Option<FirstViolation>,
+}
+
+/// Runs workloads and accumulates a [`Report`].
+pub struct Explorer {
+    cfg: ExploreConfig,
+    report: Report,
+    unique: HashSet<u64>,
+    started: Instant,
+    starts: BTreeMap<u8, (Image, Model)>,
+}
+
+/// Where in which workload we are, for reporting.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    workload: &'a Workload,
+    start: Start,
+    op_index: usize,
+}
+
+/// Tags of forward-progress commits: never used by workloads.
+const PROGRESS_TAG: u64 = 1 << 63;
+
+impl Explorer {
+    /// A new explorer.
+    #[must_use]
+    pub fn new(cfg: ExploreConfig) -> Self {
+        let mutant = cfg.mutant.map(|m| m.name().to_string());
+        Explorer {
+            cfg,
+            report: Report { all_exhaustive: true, mutant, ..Report::default() },
+            unique: HashSet::new(),
+            started: Instant::now(),
+            starts: BTreeMap::new(),
+        }
+    }
+
+    /// The report so far.
+    #[must_use]
+    pub fn report(&self) -> Report {
+        let mut r = self.report.clone();
+        r.elapsed_sec = self.started.elapsed().as_secs_f64();
+        r.states_per_sec = r.states_checked as f64 / r.elapsed_sec.max(1e-9);
+        r.unique_states = self.unique.len() as u64;
+        r
+    }
+
+    /// Whether to stop: a violation was found and the run stops at the first.
+    #[must_use]
+    pub fn done(&self) -> bool {
+        self.cfg.stop_at_first && self.report.violations > 0
+    }
+
+    fn open_options(&self) -> OpenOptions {
+        OpenOptions { mutant: self.cfg.mutant }
+    }
+
+    fn geometry(&self) -> Geometry {
+        let blocks = 2 + u64::from(self.cfg.segment_count) * u64::from(self.cfg.segment_blocks);
+        let bs = self.cfg.block_size;
+        Geometry { block_size: bs, block_count: blocks, atomic_write_size: 512.min(bs) }
+    }
+
+    /// Run one workload from `start`. With `branch_all`, a crash op continues from up to
+    /// `branch_max` images; otherwise from one image chosen by seed.
+    pub fn run(&mut self, workload: &Workload, start: Start, branch_all: bool) {
+        self.report.workloads += 1;
+        let (image, model) = self.start_state(start);
+        let dev = Arc::new(CrashDevice::from_image(image, CrashConfig::with_seed(self.cfg.seed)));
+        let log = match Log::open(dev.clone(), self.open_options()) {
+            Ok((log, _)) => log,
+            Err(e) => {
+                let at = At { workload, start, op_index: 0 };
+                self.record(
+                    at,
+                    Violation {
+                        invariant: Invariant::I5RecoverySucceeds,
+                        message: format!("opening the start image: {e}"),
+                    },
+                );
+                return;
+            }
+        };
+        let mut rng = fastrand::Rng::with_seed(self.point_seed(workload, start, usize::MAX));
+        self.run_from(workload, start, 0, &dev, log, model, branch_all, &mut rng);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_from(
+        &mut self,
+        workload: &Workload,
+        start: Start,
+        first_op: usize,
+        dev: &Arc<CrashDevice>,
+        log: Log,
+        mut model: Model,
+        branch_all: bool,
+        rng: &mut fastrand::Rng,
+    ) {
+        for (i, &op) in workload.0.iter().enumerate().skip(first_op) {
+            let at = At { workload, start, op_index: i };
+            if op == Op::Crash {
+                drop(log);
+                let mut images: Vec<Image> =
+                    dev.crash_images(self.crash_options(workload, start, i)).collect();
+                rng.shuffle(&mut images);
+                images.truncate(if branch_all { self.cfg.branch_max } else { 1 });
+                for image in images {
+                    if self.done() {
+                        return;
+                    }
+                    let next = Arc::new(CrashDevice::from_image(
+                        image,
+                        CrashConfig::with_seed(rng.u64(..)),
+                    ));
+                    let Ok((log, rec)) = Log::open(next.clone(), self.open_options()) else {
+                        continue; // judged (I5) at the crash point before
+                    };
+                    let mut model = model.clone();
+                    model.recovered(&rec);
+                    self.run_from(workload, start, i + 1, &next, log, model, branch_all, rng);
+                }
+                return;
+            }
+            if let Err(v) = apply(&log, op, &mut model, self.cfg.block_size) {
+                self.record(at, v);
+                return;
+            }
+            self.check_point(dev, &model, at);
+            if self.done() {
+                return;
+            }
+        }
+    }
+
+    fn point_seed(&self, workload: &Workload, start: Start, op_index: usize) -> u64 {
+        let mut h = crc32c::crc32c(workload.to_string().as_bytes()) as u64;
+        h = h << 32 | (start as u64) << 24 | (op_index as u64 & 0xFF_FFFF);
+        h ^ self.cfg.seed.rotate_left(17)
+    }
+
+    fn crash_options(&self, workload: &Workload, start: Start, op_index: usize) -> CrashOptions {
+        CrashOptions {
+            seed: Some(self.point_seed(workload, start, op_index)),
+            ..self.cfg.crash.clone()
+        }
+    }
+
+    /// Every crash image at this point, recovered and judged.
+    fn check_point(&mut self, dev: &CrashDevice, model: &Model, at: At<'_>) {
+        self.report.crash_points += 1;
+        let mut images = dev.crash_images(self.crash_options(at.workload, at.start, at.op_index));
+        for image in images.by_ref() {
+            self.report.states_checked += 1;
+            self.unique.insert(image_hash(&image));
+            if let Err(v) = self.check_image(&image, model) {
+                self.record(at, v);
+                if self.done() {
+                    return;
+                }
+            }
+        }
+        self.report.all_exhaustive &= images.report().exhaustive;
+    }
+
+    fn check_image(&mut self, image: &Image, model: &Model) -> Result<(), Violation> {
+        let mem = Arc::new(MemDevice::from_image(image.clone()));
+        let rec = self.recover(mem.clone())?;
+        model.check(&rec, &*mem)?;
+        // I6: recovering the recovered device changes nothing.
+        let again = self.recover(mem.clone())?;
+        if survivor_tags(&again) != survivor_tags(&rec) {
+            return Err(Violation {
+                invariant: Invariant::I6Idempotent,
+                message: "a second recovery found different survivors".into(),
+            });
+        }
+        if self.cfg.recovery_crashes {
+            self.check_recovery_crashes(image, &rec)?;
+        }
+        self.check_forward_progress(&mem, &rec)
+    }
+
+    fn recover(&self, dev: Arc<dyn Device>) -> Result<Recovery, Violation> {
+        let opts = self.open_options();
+        match catch_unwind(AssertUnwindSafe(|| Log::open(dev, opts))) {
+            Ok(Ok((_, rec))) => Ok(rec),
+            Ok(Err(e)) => Err(Violation {
+                invariant: Invariant::I5RecoverySucceeds,
+                message: format!("recovery failed: {e}"),
+            }),
+            Err(_) => Err(Violation {
+                invariant: Invariant::I5RecoverySucceeds,
+                message: "recovery panicked".into(),
+            }),
+        }
+    }
+
+    /// Crash inside recovery: its superblock write done, its flush failed. Every image that
+    /// leaves must recover to the same survivors.
+    fn check_recovery_crashes(&mut self, image: &Image, rec: &Recovery) -> Result<(), Violation> {
+        let faults = FaultPlan { flush_eio_nth: Some(1), ..FaultPlan::none() };
+        let dev = Arc::new(CrashDevice::from_image(
+            image.clone(),
+            CrashConfig { faults, ..CrashConfig::with_seed(self.cfg.seed) },
+        ));
+        let opts = self.open_options();
+        let _ = catch_unwind(AssertUnwindSafe(|| Log::open(dev.clone(), opts)));
+        for inner in dev.crash_images(CrashOptions { tearing: false, ..CrashOptions::default() }) {
+            self.report.recovery_crash_states += 1;
+            let again = self.recover(Arc::new(MemDevice::from_image(inner)))?;
+            if survivor_tags(&again) != survivor_tags(rec) {
+                return Err(Violation {
+                    invariant: Invariant::I6Idempotent,
+                    message: "a crash inside recovery changed what survives".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// I7: after recovery, a durable commit on every stream works and survives a reopen.
+    fn check_forward_progress(
+        &self,
+        mem: &Arc<MemDevice>,
+        rec: &Recovery,
+    ) -> Result<(), Violation> {
+        let fail = |message: String| Violation { invariant: Invariant::I7ForwardProgress, message };
+        let (log, _) = Log::open(mem.clone(), self.open_options())
+            .map_err(|e| fail(format!("reopen: {e}")))?;
+        for s in 0..log.stream_count() {
+            let mut tx = Transaction::new(s);
+            tx.record((PROGRESS_TAG | u64::from(s)).to_le_bytes().to_vec());
+            match log.commit_durable(tx) {
+                Ok(_) | Err(LogError::NoSpace { .. }) => {}
+                Err(e) => return Err(fail(format!("commit after recovery on stream {s}: {e}"))),
+            }
+        }
+        drop(log);
+        let after = self.recover(mem.clone())?;
+        for (s, (before, now)) in survivor_tags(rec).iter().zip(survivor_tags(&after)).enumerate() {
+            let kept = now.len() >= before.len() && now[..before.len()] == before[..];
+            let added = now.len() == before.len() + 1 || (now.len() == before.len());
+            if !kept || !added {
+                return Err(fail(format!("stream {s}: {} survivors before the new commit, {} after, or the old ones changed", before.len(), now.len())));
+            }
+        }
+        Ok(())
+    }
+
+    fn record(&mut self, at: At<'_>, v: Violation) {
+        self.report.violations += 1;
+        *self.report.violations_by_invariant.entry(v.invariant.name().to_string()).or_default() +=
+            1;
+        if self.report.first_violation.is_none() {
+            let mutant =
+                self.cfg.mutant.map_or(String::new(), |m| format!(" --mutant {}", m.name()));
+            let start = match at.start {
+                Start::Empty => "empty",
+                Start::NearlyFull => "nearly-full",
+                Start::Wrapped => "wrapped",
+            };
+            self.report.first_violation = Some(FirstViolation {
+                seed: self.cfg.seed,
+                workload: at.workload.to_string(),
+                start: at.start,
+                op_index: at.op_index,
+                invariant: v.invariant,
+                message: v.message,
+                states_before: self.report.states_checked,
+                replay: format!(
+                    "tally crash log --workload {} --start {start} --seed {}{mutant} --json",
+                    at.workload, self.cfg.seed
+                ),
+            });
+        }
+    }
+
+    /// The image and model a workload starts from (built once per explorer).
+    fn start_state(&mut self, start: Start) -> (Image, Model) {
+        if let Some(s) = self.starts.get(&(start as u8)) {
+            return s.clone();
+        }
+        let made = self.make_start(start);
+        self.starts.insert(start as u8, made.clone());
+        made
+    }
+
+    fn make_start(&self, start: Start) -> (Image, Model) {
+        let mem = Arc::new(MemDevice::from_image(Image::new(self.geometry())));
+        let config = LogConfig {
+            streams: self.cfg.streams,
+            segment_blocks: self.cfg.segment_blocks,
+            uuid: [0x5A; 16],
+        };
+        let mut model = Model::new(usize::from(self.cfg.streams));
+        // The start is built with the correct protocol: mutants are judged on the workload.
+        let built = Log::format(&*mem, &config)
+            .and_then(|()| Log::open(mem.clone(), OpenOptions::default()));
+        let Ok((log, _)) = built else { return (mem.image(), model) };
+        let mut tag = 1 << 40;
+        let mut fill = |log: &Log, model: &mut Model| loop {
+            tag += 1;
+            let mut tx = Transaction::new(0);
+            tx.record(tag_record(tag, 24));
+            match log.commit_durable(tx) {
+                Ok(info) => model.streams[0].push(ModelTx {
+                    tag,
+                    id: info.ticket,
+                    records: vec![tag_record(tag, 24)],
+                    data: vec![],
+                    deps: vec![],
+                    acked: true,
+                }),
+                Err(_) => return,
+            }
+        };
+        match start {
+            Start::Empty => {}
+            Start::NearlyFull => fill(&log, &mut model),
+            Start::Wrapped => {
+                for _ in 0..3 {
+                    fill(&log, &mut model);
+                    if let Some(last) = model.streams[0].last().map(|t| t.id.seq) {
+                        let _ = log.checkpoint(0, last);
+                        model.checkpoint(0, last);
+                    }
+                }
+            }
+        }
+        drop(log);
+        (mem.image(), model)
+    }
+}
+
+/// A record that starts with `tag` and is `len` bytes long (at least 8).
+fn tag_record(tag: u64, len: usize) -> Vec<u8> {
+    let mut r = tag.to_le_bytes().to_vec();
+    r.extend((8..len.max(8)).map(|i| (tag as u8).wrapping_mul(31).wrapping_add(i as u8)));
+    r
+}
+
+/// A data block derived from `tag` and its index, zero-padded to the block.
+fn tag_data(tag: u64, index: usize, block_size: u32, len: usize) -> Vec<u8> {
+    let mut block = vec![0u8; block_size as usize];
+    let seed = tag.rotate_left(7) ^ index as u64;
+    for (i, b) in block.iter_mut().take(len).enumerate() {
+        *b = (seed >> ((i % 8) * 8)) as u8 ^ i as u8;
+    }
+    block
+}
+
+/// Apply one op to the live log and the model.
+fn apply(log: &Log, op: Op, model: &mut Model, block_size: u32) -> Result<(), Violation> {
+    let next_tag = model
+        .streams
+        .iter()
+        .flatten()
+        .map(|t| t.tag)
+        .max()
+        .unwrap_or(0)
+        .max(model.lost.iter().copied().max().unwrap_or(0))
+        + 1;
+    let (stream, record_len, data_count, mode, dep) = match op {
+        Op::Small => (0u16, 24, 0, CommitMode::Ordered, None),
+        Op::SmallDurable => (0, 24, 0, CommitMode::Count, None),
+        // Three units' worth of body, and two data blocks (the second one short).
+        Op::Multi => (0, 2 * (block_size as usize - 64) + 40, 2, CommitMode::Ordered, None),
+        Op::Dependent => (1, 24, 0, CommitMode::Ordered, model.streams[0].last().map(|t| t.id)),
+        Op::Classic => (1, 24, 1, CommitMode::Classic, None),
+        Op::Sync => {
+            log.sync().map_err(|e| workload_error(op, &e))?;
+            model.ack_all();
+            return Ok(());
+        }
+        Op::Checkpoint => {
+            if let Some(last) = model.streams[0].last().map(|t| t.id) {
+                log.checkpoint(0, last.seq).map_err(|e| workload_error(op, &e))?;
+                model.ack(last);
+                model.checkpoint(0, last.seq);
+            }
+            return Ok(());
+        }
+        Op::Crash => return Ok(()),
+    };
+    let tag = next_tag;
+    let mut tx = Transaction::new(stream);
+    let record = tag_record(tag, record_len);
+    tx.record(record.clone());
+    let data: Vec<Vec<u8>> = (0..data_count)
+        .map(|j| tag_data(tag, j, block_size, if j == 1 { 300 } else { block_size as usize }))
+        .collect();
+    for (j, d) in data.iter().enumerate() {
+        tx.data(if j == 1 { d[..300].to_vec() } else { d.clone() });
+    }
+    if let Some(d) = dep {
+        tx.depend_on(d);
+    }
+    match log.commit_with(tx, mode) {
+        Ok(info) => {
+            model.streams[usize::from(stream)].push(ModelTx {
+                tag,
+                id: info.ticket,
+                records: vec![record],
+                data,
+                deps: dep.into_iter().collect(),
+                acked: false,
+            });
+            if matches!(mode, CommitMode::Count | CommitMode::Classic) {
+                model.ack(info.ticket);
+            }
+            Ok(())
+        }
+        Err(LogError::NoSpace { .. }) => Ok(()),
+        Err(e) => Err(workload_error(op, &e)),
+    }
+}
+
+fn workload_error(op: Op, e: &LogError) -> Violation {
+    Violation {
+        invariant: Invariant::I7ForwardProgress,
+        message: format!("op {:?} failed: {e}", op),
+    }
+}
+
+/// A cheap fingerprint of an image, for counting distinct states.
+fn image_hash(image: &Image) -> u64 {
+    let mut h: u64 = 0;
+    for (block, bytes) in image.written_blocks() {
+        let c = crc32c::crc32c_append(block as u32, bytes);
+        h = h.rotate_left(5) ^ (u64::from(c) << 32 | block);
+    }
+    h
+}

@@ -1,0 +1,128 @@
+//! Workloads for the log explorer: short op sequences, written as one letter per op so a
+//! failing workload can be replayed from the command line (`--workload amc`).
+
+use std::fmt;
+
+/// One step of a workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// `a`: a one-unit ordered commit on stream 0.
+    Small,
+    /// `A`: a one-unit durable (count-based) commit on stream 0.
+    SmallDurable,
+    /// `m`: an ordered commit on stream 0 with three units and two data blocks.
+    Multi,
+    /// `d`: an ordered commit on stream 1 that depends on stream 0's last transaction.
+    Dependent,
+    /// `l`: a classic-mode (journal + commit block) commit on stream 1.
+    Classic,
+    /// `s`: `sync()`.
+    Sync,
+    /// `k`: checkpoint stream 0 up to its last transaction.
+    Checkpoint,
+    /// `c`: crash, then recover (the explorer branches over the crash images).
+    Crash,
+}
+
+impl Op {
+    /// Every op, in alphabet order.
+    pub const ALL: [Op; 8] = [
+        Op::Small,
+        Op::SmallDurable,
+        Op::Multi,
+        Op::Dependent,
+        Op::Classic,
+        Op::Sync,
+        Op::Checkpoint,
+        Op::Crash,
+    ];
+
+    /// Its letter.
+    #[must_use]
+    pub fn letter(self) -> char {
+        match self {
+            Op::Small => 'a',
+            Op::SmallDurable => 'A',
+            Op::Multi => 'm',
+            Op::Dependent => 'd',
+            Op::Classic => 'l',
+            Op::Sync => 's',
+            Op::Checkpoint => 'k',
+            Op::Crash => 'c',
+        }
+    }
+
+    /// Parse a letter.
+    #[must_use]
+    pub fn from_letter(c: char) -> Option<Op> {
+        Op::ALL.into_iter().find(|op| op.letter() == c)
+    }
+}
+
+/// A sequence of ops.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workload(pub Vec<Op>);
+
+impl Workload {
+    /// Parse letters such as `"amc"`.
+    ///
+    /// # Errors
+    /// The first letter that names no op.
+    pub fn parse(s: &str) -> Result<Workload, String> {
+        s.chars()
+            .map(|c| Op::from_letter(c).ok_or_else(|| format!("unknown op {c:?} (ops: aAmdlskc)")))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Workload)
+    }
+
+    /// Every sequence of length 1..=`len_max` over `alphabet`, plus every sequence of length
+    /// `len_max + 1` that contains a crash (ACE's seq-n with a crash-and-recover step).
+    #[must_use]
+    pub fn bounded(len_max: usize, alphabet: &[Op]) -> Vec<Workload> {
+        let mut out = Vec::new();
+        let mut layer: Vec<Vec<Op>> = vec![Vec::new()];
+        for len in 1..=len_max + 1 {
+            layer = layer
+                .iter()
+                .flat_map(|w| alphabet.iter().map(move |&op| [w.as_slice(), &[op]].concat()))
+                .collect();
+            for w in &layer {
+                if len <= len_max || w.contains(&Op::Crash) {
+                    out.push(Workload(w.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// A seeded random workload of `ops` ops, with crashes among them.
+    #[must_use]
+    pub fn random(rng: &mut fastrand::Rng, ops: usize) -> Workload {
+        // Commits dominate, as in real use; every op kind appears.
+        const WEIGHTED: [Op; 16] = [
+            Op::Small,
+            Op::Small,
+            Op::Small,
+            Op::SmallDurable,
+            Op::Multi,
+            Op::Multi,
+            Op::Dependent,
+            Op::Dependent,
+            Op::Classic,
+            Op::Sync,
+            Op::Checkpoint,
+            Op::Crash,
+            Op::Small,
+            Op::Multi,
+            Op::Dependent,
+            Op::SmallDurable,
+        ];
+        Workload((0..ops).map(|_| WEIGHTED[rng.usize(..WEIGHTED.len())]).collect())
+    }
+}
+
+impl fmt::Display for Workload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|op| write!(f, "{}", op.letter()))
+    }
+}
