@@ -1,0 +1,24 @@
+//! Tally's benchmarks, run by `tally bench …` and `bench/*.sh`, never by the test suite.
+//!
+//! - [`tx`]: transactions per second of each commit mode of the log on a file device, with the
+//!   costs behind them (flushes, submissions, syscalls, bytes and CPU per transaction) and the
+//!   ratios between modes measured in the same run;
+//! - [`recovery`]: how fast [`tally_log::Log::open`] scans a full log.
+//!
+//! Rules every benchmark here keeps (STYLE.md rule 13, DESIGN.md §5):
+//! - results are ratios measured in one run, each with the machine and the device's flush
+//!   latency beside it; an absolute figure is never reported alone;
+//! - every mode is repeated, runs interleaved (mode A, B, … then again), and reported as a
+//!   median with its min–max spread;
+//! - a target file that holds data is never overwritten without `force`, and a file the
+//!   benchmark created is removed unless `keep`.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+mod error;
+pub mod measure;
+pub mod recovery;
+pub mod target;
+pub mod tx;
+
+pub use error::BenchError;
+pub use measure::{parse_size, Spread};
