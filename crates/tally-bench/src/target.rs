@@ -22,6 +22,7 @@ const FILL_CHUNK_BYTES: usize = 1 << 20;
 pub struct Target {
     path: PathBuf,
     created: bool,
+    filled: bool,
     undo: Option<Undo>,
 }
 
@@ -47,12 +48,14 @@ impl Target {
         keep: bool,
         force: bool,
     ) -> Result<Target, BenchError> {
-        let mut target = Target { path: path.to_path_buf(), created: false, undo: None };
+        let mut target =
+            Target { path: path.to_path_buf(), created: false, filled: fill, undo: None };
         match std::fs::metadata(path) {
             Ok(m) if m.is_dir() => Err(BenchError::BadInput {
                 reason: format!("{} is a directory; give a file path", path.display()),
             }),
             Ok(m) if m.file_type().is_block_device() => {
+                target.filled = false;
                 if force {
                     Ok(target)
                 } else {
@@ -72,6 +75,7 @@ impl Target {
                     size_file(&file, path, size_bytes, fill)?;
                     Ok(target)
                 } else if force {
+                    target.filled = false;
                     if m.len() < size_bytes {
                         let file = OpenOptions::new()
                             .write(true)
@@ -119,6 +123,12 @@ impl Target {
     #[must_use]
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether preparing wrote every byte of the file once.
+    #[must_use]
+    pub fn filled(&self) -> bool {
+        self.filled
     }
 
     /// Whether the benchmark created the file.

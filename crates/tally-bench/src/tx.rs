@@ -262,13 +262,12 @@ fn validate(o: &TxOptions) -> Result<(), BenchError> {
 /// Bad options or a refused path before anything is written; device, log and probe failures.
 pub fn run(options: &TxOptions, progress: &dyn Fn(&str)) -> Result<TxReport, BenchError> {
     validate(options)?;
-    progress(&format!(
-        "preparing {} ({} MiB, written once so every run overwrites in place)",
-        options.path.display(),
-        options.size_bytes >> 20
-    ));
+    progress(&format!("preparing {} ({} MiB)", options.path.display(), options.size_bytes >> 20));
     let target =
         Target::prepare(&options.path, options.size_bytes, true, options.keep, options.force)?;
+    if target.filled() {
+        progress("wrote every byte of the file once, so every run overwrites in place");
+    }
     let probe_path = sibling(target.path(), "probe");
     progress(&format!("probing flush latency on {}", probe_path.display()));
     let probe_report = probe(

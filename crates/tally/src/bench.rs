@@ -1,0 +1,268 @@
+//! `tally bench …`: benchmarks, run by hand or by the benchmark scripts, never by the tests.
+//! The measuring lives in `tally-bench`; this file parses arguments and prints reports.
+
+use std::error::Error as _;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use tally_bench::recovery::{RecoveryOptions, RecoveryReport};
+use tally_bench::tx::{TxOptions, TxReport};
+use tally_bench::{parse_size, BenchError};
+use tally_log::CommitMode;
+
+use crate::{EXIT_BAD_INPUT, EXIT_IO_FAILURE};
+
+/// Benchmarks.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Transactions per second of each commit mode of the log on a file device.
+    Tx(TxArgs),
+    /// How fast opening a full log scans it (recovery).
+    Recovery(RecoveryArgs),
+}
+
+/// Arguments of `tally bench tx`.
+#[derive(Debug, clap::Args)]
+pub struct TxArgs {
+    /// File to run on (O_DIRECT; not tmpfs). A missing file is created and removed afterwards.
+    #[arg(long)]
+    path: PathBuf,
+    /// Size of the file to create, e.g. 4G (K/M/G/T are powers of 1024).
+    #[arg(long, default_value = "4G", value_parser = parse_size)]
+    size: u64,
+    /// Commit modes to compare, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "classic,count,ordered,orderless")]
+    modes: Vec<CommitMode>,
+    /// Committing threads (each on its own stream; the log has max(threads, 2) streams).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    threads: u16,
+    /// Data blocks (4 KiB) per transaction, besides one small record.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    blocks: u32,
+    /// Seconds per timed run.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Runs per mode (interleaved); the report gives the median and the min–max spread.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    runs: u32,
+    /// Blocks per log segment.
+    #[arg(long, default_value_t = 256)]
+    segment_blocks: u32,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Keep the file the benchmark created.
+    #[arg(long)]
+    keep: bool,
+    /// Run on an existing non-empty file or block device (overwrites it).
+    #[arg(long)]
+    force: bool,
+}
+
+/// Arguments of `tally bench recovery`.
+#[derive(Debug, clap::Args)]
+pub struct RecoveryArgs {
+    /// File to run on (O_DIRECT; not tmpfs). A missing file is created and removed afterwards.
+    #[arg(long)]
+    path: PathBuf,
+    /// Size of the log to fill and scan, MiB.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    log_mib: u64,
+    /// Streams in the log (recovery scans them in parallel).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    streams: u16,
+    /// Timed opens.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    runs: u32,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Keep the file the benchmark created.
+    #[arg(long)]
+    keep: bool,
+    /// Run on an existing non-empty file or block device (overwrites it).
+    #[arg(long)]
+    force: bool,
+}
+
+/// Run a benchmark.
+pub fn run(cmd: &Command) -> ExitCode {
+    let progress = |line: &str| eprintln!("tally bench: {line}");
+    match cmd {
+        Command::Tx(a) => {
+            let options = TxOptions {
+                path: a.path.clone(),
+                size_bytes: a.size,
+                modes: a.modes.clone(),
+                threads: a.threads,
+                blocks: a.blocks,
+                seconds: a.seconds,
+                runs: a.runs,
+                segment_blocks: a.segment_blocks,
+                keep: a.keep,
+                force: a.force,
+            };
+            finish(tally_bench::tx::run(&options, &progress), a.json, tx_table)
+        }
+        Command::Recovery(a) => {
+            let options = RecoveryOptions {
+                path: a.path.clone(),
+                log_mib: a.log_mib,
+                streams: a.streams,
+                runs: a.runs,
+                keep: a.keep,
+                force: a.force,
+                ..RecoveryOptions::default()
+            };
+            finish(tally_bench::recovery::run(&options, &progress), a.json, recovery_table)
+        }
+    }
+}
+
+fn finish<R: serde::Serialize>(
+    result: Result<R, BenchError>,
+    json: bool,
+    table: fn(&R) -> String,
+) -> ExitCode {
+    match result {
+        Ok(report) if json => match serde_json::to_string_pretty(&report) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("tally bench: error: cannot encode the report: {e}");
+                ExitCode::from(EXIT_IO_FAILURE)
+            }
+        },
+        Ok(report) => {
+            print!("{}", table(&report));
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("tally bench: error: {}", describe(&error));
+            ExitCode::from(if error.is_bad_input() { EXIT_BAD_INPUT } else { EXIT_IO_FAILURE })
+        }
+    }
+}
+
+/// The error with its chain of causes, each once.
+fn describe(error: &BenchError) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            let _ = write!(text, ": {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
+fn tx_table(r: &TxReport) -> String {
+    let mut out = String::new();
+    let c = &r.config;
+    let _ = writeln!(
+        out,
+        "tally bench tx: {} thread(s) x {} block(s) + {} B record, {} streams, {} s x {} runs \
+         (median [min–max])",
+        c.threads, c.blocks, c.record_bytes, c.streams, c.seconds, c.runs
+    );
+    let _ = writeln!(
+        out,
+        "  {:<10} {:>26} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>6}",
+        "mode",
+        "tx/s",
+        "flush/tx",
+        "sub/tx",
+        "sysc/tx",
+        "KiB/tx",
+        "cpu µs/tx",
+        "p50 µs",
+        "p99 µs",
+        "ckpts"
+    );
+    for m in &r.modes {
+        let range =
+            format!("{:.0} [{:.0}–{:.0}]", m.tx_per_sec.median, m.tx_per_sec.min, m.tx_per_sec.max);
+        let _ = writeln!(
+            out,
+            "  {:<10} {:>26} {:>9.3} {:>8.3} {:>8.3} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6.0}",
+            m.mode.name(),
+            range,
+            m.flushes_per_tx.median,
+            m.submissions_per_tx.median,
+            m.submit_syscalls_per_tx.median,
+            m.bytes_written_per_tx.median / 1024.0,
+            m.cpu_us_per_tx.median,
+            m.commit_p50_us.median,
+            m.commit_p99_us.median,
+            m.checkpoints.median,
+        );
+    }
+    if !r.ratios.is_empty() {
+        let _ = writeln!(out, "\n  ratios (same run)          of medians   per run [min–max]");
+        for ratio in &r.ratios {
+            let _ = writeln!(
+                out,
+                "  {:<26} {:>10.2}x   [{:.2}–{:.2}]",
+                ratio.name, ratio.of_medians, ratio.per_run.min, ratio.per_run.max
+            );
+        }
+    }
+    let p = &r.probe;
+    let _ = writeln!(
+        out,
+        "\n  probe (same directory): 4 KiB write p50 {:.1} µs, fdatasync p50 {:.1} µs (p99 {:.1}), \
+         FUA write p50 {:.1} µs",
+        p.write_4k_p50_us, p.fdatasync_p50_us, p.fdatasync_p99_us, p.fua_write_p50_us
+    );
+    let _ = writeln!(
+        out,
+        "  ceiling, one stream, flush per commit (1 / fdatasync p50): {:.0} tx/s",
+        p.ceiling_tx_per_sec
+    );
+    let _ = writeln!(
+        out,
+        "  machine: Linux {} {}, {} CPUs; O_DIRECT {}, engine {}",
+        r.machine.kernel,
+        r.machine.arch,
+        r.machine.cpu_count,
+        if c.direct { "yes" } else { "no" },
+        c.engine
+    );
+    for note in &r.notes {
+        let _ = writeln!(out, "  note: {note}");
+    }
+    out
+}
+
+fn recovery_table(r: &RecoveryReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "tally bench recovery: {} MiB log, {} streams, {} transactions ({} MiB of log written), \
+         {} opens (median [min–max])",
+        r.log_mib,
+        r.streams,
+        r.tx_written,
+        r.log_bytes >> 20,
+        r.runs.len()
+    );
+    let row = |out: &mut String, name: &str, s: &tally_bench::Spread, digits: usize| {
+        let _ = writeln!(
+            out,
+            "  {name:<28} {:>10.digits$} [{:.digits$}–{:.digits$}]",
+            s.median, s.min, s.max
+        );
+    };
+    row(&mut out, "scan time (s)", &r.scan_s, 2);
+    row(&mut out, "whole open (s)", &r.open_s, 2);
+    row(&mut out, "scan rate, log MB/s", &r.log_mb_per_s, 0);
+    row(&mut out, "read rate, MB/s", &r.read_mb_per_s, 0);
+    let _ = writeln!(out, "  bytes per read request       {:>10.0}", r.bytes_per_read);
+    let _ = writeln!(out, "  CPUs: {} (one scan thread per stream)", r.cpu_count);
+    out
+}
