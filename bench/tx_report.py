@@ -67,6 +67,10 @@ w(f"- `tally probe` on a sibling file in the same directory (p50): 4 KiB write "
   f"ceiling for one stream with one flush per commit: {p['ceiling_tx_per_sec']:.0f} tx/s")
 w(f"- load average (1 min) when each invocation started: {min(load1):.2f}–{max(load1):.2f} "
   f"(per invocation in [`tx-data/load.txt`](tx-data/load.txt))")
+if max(load1) >= 0.8:
+    w(f"- **the machine was not idle**: a load average of {min(load1):.2f}–{max(load1):.2f} "
+      "before the runs means another process held about one of the CPUs; CPU-bound figures "
+      "(ordered, orderless, many threads) are the most affected")
 w(f"- {secs} s per run, {runs} runs per mode, a {size} file written once before the runs, so "
   "every run overwrites allocated blocks in place; segments of 1 MiB; each transaction is its "
   "data blocks (4 KiB each) plus one 32-byte record")
