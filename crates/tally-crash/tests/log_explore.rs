@@ -1,8 +1,9 @@
 //! The log explorer finds no violation on the real protocol, and catches every mutant.
+//! (Release mode: `scripts/test` runs the suite with `--release`.)
 
-use tally_crash::explore::{ExploreConfig, Explorer, Op, Start, Workload};
+use tally_crash::explore::{ExploreConfig, Explorer, Op, Report, Start, Workload};
 
-fn bounded(len: usize, start: Start, cfg: ExploreConfig) -> tally_crash::explore::Report {
+fn bounded(len: usize, start: Start, cfg: ExploreConfig) -> Report {
     let mut ex = Explorer::new(cfg);
     for w in Workload::bounded(len, &Op::ALL) {
         ex.run(&w, start, true);
@@ -13,19 +14,94 @@ fn bounded(len: usize, start: Start, cfg: ExploreConfig) -> tally_crash::explore
     ex.report()
 }
 
+fn random(count: usize, ops: usize, cfg: ExploreConfig) -> Report {
+    let mut rng = fastrand::Rng::with_seed(cfg.seed);
+    let mut ex = Explorer::new(cfg);
+    for _ in 0..count {
+        let w = Workload::random(&mut rng, ops);
+        for start in Start::ALL {
+            ex.run(&w, start, false);
+        }
+    }
+    ex.report()
+}
+
+fn summary(r: &Report) -> String {
+    format!(
+        "workloads {} points {} states {} unique {} recovery-crash {} violations {} ({:.0} states/s, all exhaustive: {})",
+        r.workloads,
+        r.crash_points,
+        r.states_checked,
+        r.unique_states,
+        r.recovery_crash_states,
+        r.violations,
+        r.states_per_sec,
+        r.all_exhaustive
+    )
+}
+
 #[test]
-fn bounded_exploration_finds_no_violation() {
-    for start in [Start::Empty] {
+fn bounded_exploration_from_an_empty_log_finds_no_violation() {
+    let r = bounded(3, Start::Empty, ExploreConfig::default());
+    println!("bounded 3, empty: {}", summary(&r));
+    assert_eq!(r.violations, 0, "{:#?}", r.first_violation);
+    assert!(r.states_checked > 1_000_000 && r.recovery_crash_states > 0);
+}
+
+#[test]
+fn bounded_exploration_from_full_and_wrapped_logs_finds_no_violation() {
+    for start in [Start::NearlyFull, Start::Wrapped] {
         let r = bounded(2, start, ExploreConfig::default());
-        println!("{start:?}: {}", serde_json_like(&r));
-        assert_eq!(r.violations, 0, "{:?}", r.first_violation);
-        assert!(r.states_checked > 1000);
+        println!("bounded 2, {start:?}: {}", summary(&r));
+        assert_eq!(r.violations, 0, "{:#?}", r.first_violation);
+        assert!(r.states_checked > 1_000);
     }
 }
 
-fn serde_json_like(r: &tally_crash::explore::Report) -> String {
-    format!(
-        "workloads {} points {} states {} unique {} recovery-crash {} violations {} {:.0} states/s exhaustive {}",
-        r.workloads, r.crash_points, r.states_checked, r.unique_states, r.recovery_crash_states, r.violations, r.states_per_sec, r.all_exhaustive
-    )
+#[test]
+fn random_workloads_with_several_crashes_find_no_violation() {
+    let mut cfg = ExploreConfig { seed: 11, ..ExploreConfig::default() };
+    cfg.crash.exhaustive_images_max = 1024;
+    let r = random(12, 30, cfg);
+    println!("random 12 x 30 ops x 3 starts: {}", summary(&r));
+    assert_eq!(r.violations, 0, "{:#?}", r.first_violation);
+}
+
+#[test]
+fn a_run_is_reproduced_by_its_seed() {
+    let run = |seed| {
+        let mut cfg = ExploreConfig { seed, ..ExploreConfig::default() };
+        cfg.crash.exhaustive_images_max = 256;
+        cfg.crash.samples = 16;
+        let r = random(2, 20, cfg);
+        (r.workloads, r.crash_points, r.states_checked, r.unique_states, r.recovery_crash_states)
+    };
+    assert_eq!(run(5), run(5));
+    assert_ne!(run(5), run(6), "different seeds should explore differently");
+}
+
+/// Every mutant must be caught by the bounded exploration. Prints which invariant caught it
+/// and after how many states.
+#[cfg(feature = "mutants")]
+#[test]
+fn every_mutant_is_caught() {
+    use tally_log::Mutant;
+    let mut missed = Vec::new();
+    for m in Mutant::ALL {
+        let cfg =
+            ExploreConfig { mutant: Some(m), stop_at_first: true, ..ExploreConfig::default() };
+        let r = bounded(3, Start::Empty, cfg);
+        match &r.first_violation {
+            Some(v) => println!(
+                "{:<24} caught by {:<28} after {:>6} states: workload {} — {}",
+                m.name(),
+                v.invariant.name(),
+                v.states_before,
+                v.workload,
+                v.message
+            ),
+            None => missed.push(m.name()),
+        }
+    }
+    assert!(missed.is_empty(), "mutants not caught: {missed:?}");
 }

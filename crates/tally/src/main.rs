@@ -1,6 +1,8 @@
 //! The `tally` command. Each subcommand lives in its own module; this file only parses the
 //! command line, sets up logging and maps outcomes to exit codes.
 
+mod bench;
+mod crash;
 mod probe;
 
 use std::process::ExitCode;
@@ -24,20 +26,31 @@ struct Cli {
 enum Command {
     /// Measure write, flush and FUA latency of a file or block device.
     Probe(probe::Args),
+    /// Explore crash states of a layer and check its invariants (exit 1 on a violation).
+    #[command(subcommand)]
+    Crash(crash::Command),
+    /// Run a benchmark (not part of the test suite).
+    #[command(subcommand)]
+    Bench(bench::Command),
 }
 
 fn main() -> ExitCode {
+    // clap exits with code 2 on a usage error, matching EXIT_BAD_INPUT.
+    let cli = Cli::parse();
+    // Crash exploration injects I/O errors on purpose; the log's reports of them are noise there.
+    let default_filter =
+        if matches!(cli.command, Command::Crash(_)) { "warn,tally_log=off" } else { "warn" };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    // clap exits with code 2 on a usage error, matching EXIT_BAD_INPUT.
-    let cli = Cli::parse();
     match cli.command {
         Command::Probe(args) => probe::run(&args),
+        Command::Crash(cmd) => crash::run(&cmd),
+        Command::Bench(cmd) => bench::run(&cmd),
     }
 }

@@ -1,0 +1,201 @@
+//! `tally crash log`: explore the crash states of the log and check its invariants.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use tally_crash::explore::{ExploreConfig, Explorer, Op, Report, Start, Workload};
+use tally_log::Mutant;
+
+/// Layers whose crash states can be explored.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// The multi-stream log: commits of several shapes on two streams, dependencies, classic
+    /// commits, sync, checkpoints and crash-and-recover steps. At every persistence point every
+    /// image a power failure could leave is recovered and checked: atomicity (I1), no phantom
+    /// (I2), per-stream prefix and dependency closure (I3), durability of acknowledged commits
+    /// (I4), recovery succeeds (I5), recovery is idempotent also after a crash inside it (I6),
+    /// and new commits after recovery work (I7).
+    ///
+    /// Ops, one letter each: a = ordered commit on stream 0, A = durable commit on stream 0,
+    /// m = commit with 3 units and 2 data blocks, d = commit on stream 1 depending on stream 0's
+    /// last, l = classic commit on stream 1, s = sync, k = checkpoint stream 0, c = crash.
+    Log(LogArgs),
+}
+
+/// Options of `tally crash log`.
+#[derive(Debug, clap::Args)]
+#[allow(clippy::struct_excessive_bools)]
+pub struct LogArgs {
+    /// Every workload of up to N ops, plus those of N+1 ops that contain a crash.
+    #[arg(long, value_name = "N", conflicts_with_all = ["random", "workload"])]
+    bounded: Option<usize>,
+    /// N seeded random workloads (see --ops), each run from every start image.
+    #[arg(long, value_name = "N", conflicts_with = "workload")]
+    random: Option<usize>,
+    /// Ops per random workload.
+    #[arg(long, default_value_t = 30)]
+    ops: usize,
+    /// One workload, e.g. `amcA` (replays a reported violation with its --seed and --start).
+    #[arg(long)]
+    workload: Option<String>,
+    /// Start image for --bounded and --workload: empty, nearly-full or wrapped.
+    #[arg(long, default_value = "empty", value_parser = parse_start)]
+    start: Start,
+    /// Seed of every random choice.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Run with a deliberately broken protocol (needs a build with the `mutants` feature).
+    #[arg(long, value_parser = parse_mutant)]
+    mutant: Option<Mutant>,
+    /// List the mutants and exit.
+    #[arg(long)]
+    list_mutants: bool,
+    /// Crash images sampled at a point too large to enumerate.
+    #[arg(long, default_value_t = 64)]
+    samples: usize,
+    /// Enumerate a point exhaustively only if it has at most this many distinct images
+    /// (default: 65536 for --bounded and --workload, 1024 for --random, whose long workloads
+    /// pile up many uncertain writes).
+    #[arg(long, value_name = "N")]
+    exhaustive_images_max: Option<u64>,
+    /// Let power failures tear blocks at 512-byte sectors.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    tearing: bool,
+    /// Stop at the first violation.
+    #[arg(long)]
+    stop_at_first: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_start(s: &str) -> Result<Start, String> {
+    match s {
+        "empty" => Ok(Start::Empty),
+        "nearly-full" => Ok(Start::NearlyFull),
+        "wrapped" => Ok(Start::Wrapped),
+        _ => Err(format!("unknown start {s:?}: empty, nearly-full or wrapped")),
+    }
+}
+
+fn parse_mutant(s: &str) -> Result<Mutant, String> {
+    let names: Vec<&str> = Mutant::ALL.iter().map(|m| m.name()).collect();
+    Mutant::from_name(s)
+        .ok_or_else(|| format!("unknown mutant {s:?}; mutants: {}", names.join(", ")))
+}
+
+/// Run the exploration.
+pub fn run(cmd: &Command) -> ExitCode {
+    let Command::Log(args) = cmd;
+    if args.list_mutants {
+        for m in Mutant::ALL {
+            println!("{}", m.name());
+        }
+        if !tally_log::mutants_available() {
+            eprintln!(
+                "note: this build has no mutants; build with `--features mutants` to run them"
+            );
+        }
+        return ExitCode::SUCCESS;
+    }
+    if args.mutant.is_some() && !tally_log::mutants_available() {
+        eprintln!("tally crash: this build has no mutants; rebuild with `cargo build --release -p tally --features mutants`");
+        return ExitCode::from(crate::EXIT_BAD_INPUT);
+    }
+    let mut cfg = ExploreConfig {
+        mutant: args.mutant,
+        seed: args.seed,
+        stop_at_first: args.stop_at_first,
+        ..ExploreConfig::default()
+    };
+    cfg.crash.samples = args.samples;
+    cfg.crash.tearing = args.tearing;
+    let default_max = if args.random.is_some() { 1024 } else { cfg.crash.exhaustive_images_max };
+    cfg.crash.exhaustive_images_max = args.exhaustive_images_max.unwrap_or(default_max);
+    let mut jobs: Vec<(Workload, Start, bool)> = Vec::new();
+    if let Some(w) = &args.workload {
+        match Workload::parse(w) {
+            Ok(w) => jobs.push((w, args.start, true)),
+            Err(e) => {
+                eprintln!("tally crash: {e}");
+                return ExitCode::from(crate::EXIT_BAD_INPUT);
+            }
+        }
+    } else if let Some(n) = args.random {
+        let mut rng = fastrand::Rng::with_seed(args.seed);
+        for _ in 0..n {
+            let w = Workload::random(&mut rng, args.ops);
+            for start in Start::ALL {
+                jobs.push((w.clone(), start, false));
+            }
+        }
+    } else {
+        let len = args.bounded.unwrap_or(3);
+        jobs.extend(Workload::bounded(len, &Op::ALL).into_iter().map(|w| (w, args.start, true)));
+    }
+    let mut explorer = Explorer::new(cfg);
+    let progress = std::io::stderr().is_terminal();
+    let mut shown = Instant::now();
+    for (i, (w, start, branch_all)) in jobs.iter().enumerate() {
+        explorer.run(w, *start, *branch_all);
+        if progress && shown.elapsed() > Duration::from_millis(250) {
+            let r = explorer.report();
+            eprint!(
+                "\r{}/{} workloads, {} states, {} violations ",
+                i + 1,
+                jobs.len(),
+                r.states_checked,
+                r.violations
+            );
+            shown = Instant::now();
+        }
+        if explorer.done() {
+            break;
+        }
+    }
+    if progress {
+        eprint!("\r\x1b[K");
+    }
+    let report = explorer.report();
+    print_report(&report, args.json);
+    if report.violations == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn print_report(r: &Report, json: bool) {
+    if json {
+        match serde_json::to_string_pretty(r) {
+            Ok(s) => println!("{s}"),
+            Err(e) => eprintln!("tally crash: cannot print the report: {e}"),
+        }
+        return;
+    }
+    println!("workloads              {}", r.workloads);
+    println!("crash points           {}", r.crash_points);
+    println!("states checked         {} ({} distinct images)", r.states_checked, r.unique_states);
+    println!("recovery crash states  {}", r.recovery_crash_states);
+    println!("every point exhaustive {}", r.all_exhaustive);
+    println!("states per second      {:.0}", r.states_per_sec);
+    if let Some(m) = &r.mutant {
+        println!("mutant                 {m}");
+    }
+    println!("violations             {}", r.violations);
+    for (inv, n) in &r.violations_by_invariant {
+        println!("  {inv:<28} {n}");
+    }
+    if let Some(v) = &r.first_violation {
+        println!(
+            "first violation: {} after op {} of workload {} ({:?} start): {}",
+            v.invariant.name(),
+            v.op_index,
+            v.workload,
+            v.start,
+            v.message
+        );
+        println!("replay: {}", v.replay);
+    }
+}
