@@ -334,13 +334,14 @@ fn try_tx(
     scan.max_seq_seen = scan.max_seq_seen.max(h.seq);
     let chained = h.prev_seq == last.0 && h.seq > last.0 && h.epoch >= last.1;
     let epoch_ok = h.epoch == root.epoch || (h.epoch < root.epoch && h.seq <= root.base_seq);
-    if !(chained && epoch_ok)
-        && !ctx.mutant(Mutant::StaleUnitsAccepted)
-        && !ctx.mutant(Mutant::NoPrefixCut)
-    {
-        return Ok(None);
-    }
-    if ctx.mutant(Mutant::NoPrefixCut) && !epoch_ok {
+    let follows = if ctx.mutant(Mutant::StaleUnitsAccepted) {
+        true // mutant: any whole transaction of the stream continues the chain
+    } else if ctx.mutant(Mutant::NoPrefixCut) {
+        epoch_ok // mutant: a gap in the chain does not end it
+    } else {
+        chained && epoch_ok
+    };
+    if !follows {
         return Ok(None);
     }
     let span = h.span_blocks();
