@@ -132,6 +132,11 @@ impl Transaction {
         self
     }
 
+    /// Move the transaction to `stream` (cleaning re-commits on the stream it cleans).
+    pub(crate) fn retarget(&mut self, stream: u16) {
+        self.stream = stream;
+    }
+
     /// The stream it will be committed on.
     #[must_use]
     pub fn stream(&self) -> u16 {
@@ -166,9 +171,27 @@ pub(crate) struct Placed {
     pub epoch: u32,
     /// Global commit order, for the flusher's consistent cut.
     pub clock: u64,
+    /// Segment holding the span (spans never cross segments).
     pub end_segment: u32,
     pub end_offset: u32,
     pub next_segment: u32,
+    /// Records the transaction carries.
+    pub records: u32,
+    /// Of those, records the layer above marked dead.
+    pub dead: u32,
+}
+
+/// How full of live records one segment of a stream's chain is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SegmentUsage {
+    /// The segment.
+    pub segment: u32,
+    /// Transactions in it since the checkpoint.
+    pub transactions: u64,
+    /// Records in it since the checkpoint.
+    pub records: u64,
+    /// Of those, records the layer above marked dead.
+    pub dead_records: u64,
 }
 
 /// One stream's live state.
@@ -184,6 +207,7 @@ pub(crate) struct Stream {
     pub chain: VecDeque<u32>,
     /// Transactions committed since the checkpoint, in order.
     pub placed: VecDeque<Placed>,
+
     /// Encoded spans not yet submitted: (first block, bytes, seq).
     pub pending: Vec<(u64, IoBuf, u64)>,
     pub submitting: bool,
@@ -225,7 +249,7 @@ pub struct Log {
     flush_rounds: AtomicU64,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding a log lock is a bug that already failed a test; keep going so the
     // panic is reported rather than a poison error.
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -426,6 +450,8 @@ impl Log {
         }
         let deps = if mode == CommitMode::Orderless { Vec::new() } else { self.live_deps(&tx) };
         let data_crcs = tx.data.iter().map(|d| crc_padded(d, bs)).collect();
+        let record_count = u32::try_from(tx.records.len())
+            .map_err(|_| LogError::Invalid("more than 2^32 records".into()))?;
         let body = Body { deps, data_crcs, records: tx.records }.encode();
         let cap = payload_capacity(self.block_size);
         let unit_count = body.len().div_ceil(cap).max(1) as u64;
@@ -485,6 +511,8 @@ impl Log {
             end_segment: st.segment,
             end_offset: st.offset,
             next_segment: st.next_segment,
+            records: record_count,
+            dead: 0,
         };
         st.placed.push_back(placed);
         let ticket = TxId { stream: tx.stream, seq };
@@ -699,17 +727,33 @@ impl Log {
             while st.placed.front().is_some_and(|q| q.seq <= seq) {
                 st.placed.pop_front();
             }
+            // If the checkpointed transaction is the last of its segment and the stream has
+            // moved on, the chain resumes at the start of the next segment, and the
+            // checkpointed one can be freed too.
+            let last_of_segment = st.placed.front().is_none_or(|q| q.end_segment != p.end_segment);
+            let moved_on = st
+                .chain
+                .iter()
+                .position(|&seg| seg == p.end_segment)
+                .filter(|&i| last_of_segment && i + 1 < st.chain.len());
+            let (segment, offset, next) = match moved_on {
+                Some(i) => {
+                    let after = st.chain.get(i + 2).copied().unwrap_or(st.next_segment);
+                    (st.chain[i + 1], 0, after)
+                }
+                None => (p.end_segment, p.end_offset, p.next_segment),
+            };
             let root = StreamRoot {
                 checkpoint_seq: p.seq,
                 checkpoint_epoch: p.epoch,
-                checkpoint_segment: p.end_segment,
-                checkpoint_offset: p.end_offset,
-                checkpoint_next_segment: p.next_segment,
+                checkpoint_segment: segment,
+                checkpoint_offset: offset,
+                checkpoint_next_segment: next,
                 ..st.root
             };
             st.root = root;
             let mut freed = Vec::new();
-            while st.chain.front().is_some_and(|&seg| seg != p.end_segment) {
+            while st.chain.front().is_some_and(|&seg| seg != segment) {
                 freed.extend(st.chain.pop_front());
             }
             (root, freed)

@@ -24,6 +24,7 @@
 //! - after a failed write or flush, every commit fails until the log is reopened (fail-stop).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+mod clean;
 mod engine;
 mod error;
 pub mod format;
@@ -31,7 +32,10 @@ mod mutant;
 mod recover;
 mod space;
 
-pub use engine::{CommitInfo, CommitMode, Log, LogConfig, LogStats, OpenOptions, Transaction};
+pub use clean::CleanReport;
+pub use engine::{
+    CommitInfo, CommitMode, Log, LogConfig, LogStats, OpenOptions, SegmentUsage, Transaction,
+};
 pub use error::{LogError, Result};
 pub use format::body::TxId;
 pub use mutant::{available as mutants_available, Mutant};

@@ -115,6 +115,8 @@ struct Ctx<'a> {
     dev: &'a dyn Device,
     sb: &'a Superblock,
     options: OpenOptions,
+    /// Stop the scan after this sequence number (cleaning reads only what it cleans).
+    stop_after_seq: u64,
 }
 
 impl Ctx<'_> {
@@ -135,7 +137,7 @@ impl Log {
         }
         let (sb, slot) = read_superblock(&*dev)?;
         let started = Instant::now();
-        let ctx = Ctx { dev: &*dev, sb: &sb, options };
+        let ctx = Ctx { dev: &*dev, sb: &sb, options, stop_after_seq: u64::MAX };
         // Streams are scanned in parallel, one thread each, when the log is large enough for
         // that to pay; a small log is scanned faster than a thread starts.
         let log_blocks = u64::from(sb.segment_count) * u64::from(sb.segment_blocks);
@@ -323,8 +325,14 @@ fn scan_stream(ctx: &Ctx<'_>, s: u16) -> Result<Scan> {
             end_segment: scan.end_segment,
             end_offset: scan.end_offset,
             next_segment: scan.next_segment,
+            records: tx.records.len() as u32,
+            dead: 0,
         };
         scan.txs.push((tx, placed));
+        if header.seq >= ctx.stop_after_seq {
+            scan.blocks = cache.blocks_read;
+            return Ok(scan);
+        }
     }
     Err(corrupted("stream chain", 0, format!("stream {s} chain does not end")))
 }
@@ -468,4 +476,17 @@ fn close_dependencies(sb: &Superblock, scans: &mut [Scan], cut: &mut [usize]) {
             return;
         }
     }
+}
+
+/// Read stream `s`'s transactions after its checkpoint, up to and including `upto_seq`, from
+/// `dev` (they must be durable: nothing of them may be in flight).
+pub(crate) fn read_transactions(
+    dev: &dyn Device,
+    sb: &Superblock,
+    options: OpenOptions,
+    s: u16,
+    upto_seq: u64,
+) -> Result<Vec<RecoveredTx>> {
+    let ctx = Ctx { dev, sb, options, stop_after_seq: upto_seq };
+    Ok(scan_stream(&ctx, s)?.txs.into_iter().map(|t| t.0).collect())
 }

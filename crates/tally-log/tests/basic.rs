@@ -190,3 +190,57 @@ fn garbage_devices_are_refused_not_panicked_on() {
     let small = MemDevice::new(512, 8).unwrap();
     assert!(matches!(Log::format(&small, &LogConfig::default()), Err(LogError::Invalid(_))));
 }
+
+#[test]
+fn checkpoint_inside_a_segment_keeps_the_rest_of_it() {
+    let dev = fresh(512, 2, 8);
+    let (log, _) = reopen(&dev);
+    // Four 2-block transactions fill the first 8-block segment; the fifth moves on.
+    let mut seqs = Vec::new();
+    for i in 0..5 {
+        let mut t = tx(0, &format!("t{i}"));
+        t.data(vec![i as u8; 512]);
+        seqs.push(log.commit_durable(t).unwrap().ticket.seq);
+    }
+    log.checkpoint(0, seqs[0]).unwrap();
+    drop(log);
+    let (_log, r) = reopen(&dev);
+    assert_eq!(records(&r, 0), ["t1", "t2", "t3", "t4"]);
+}
+
+#[test]
+fn cleaning_relocates_live_records_and_frees_segments() {
+    let dev = fresh(2 + 12 * 8, 2, 8);
+    let (log, _) = reopen(&dev);
+    // 12 one-block transactions: segments of 8 blocks, so the chain spans two segments.
+    let mut infos = Vec::new();
+    for i in 0..12 {
+        infos.push(log.commit_durable(tx(0, &format!("r{i}"))).unwrap());
+    }
+    // Everything but r3 and r5 is dead.
+    for (i, info) in infos.iter().enumerate() {
+        if i != 3 && i != 5 {
+            log.mark_dead(info.ticket, 1).unwrap();
+        }
+    }
+    let usage = log.segment_usage(0).unwrap();
+    assert_eq!(usage[0].records, 8);
+    assert_eq!(usage[0].dead_records, 6);
+    let free_before = log.free_segments();
+    let report = log
+        .clean(0, 1, |t| {
+            let name = String::from_utf8_lossy(&t.records[0]).into_owned();
+            (name == "r3" || name == "r5").then(|| {
+                let mut moved = Transaction::new(0);
+                moved.record(t.records[0].clone());
+                moved
+            })
+        })
+        .unwrap();
+    assert_eq!((report.transactions_read, report.transactions_relocated), (8, 2));
+    assert_eq!(report.segments_freed, 1);
+    assert_eq!(log.free_segments(), free_before + 1);
+    drop(log);
+    let (_log, r) = reopen(&dev);
+    assert_eq!(records(&r, 0), ["r8", "r9", "r10", "r11", "r3", "r5"]);
+}

@@ -1,0 +1,117 @@
+//! Space: the layer above marks records dead; segments are freed by checkpoints; cleaning
+//! relocates the live records of a stream's oldest segments so a checkpoint can free them.
+//!
+//! Relocation changes the order of records in the log: a relocated record is written after
+//! records that were committed later than it. The layer above must therefore carry a
+//! per-object version in its records and never apply an older version over a newer one
+//! (DESIGN.md §3.2, "order of updates to one object across streams and GC").
+
+use crate::engine::{lock, SegmentUsage};
+use crate::recover::read_transactions;
+use crate::{Log, LogError, RecoveredTx, Result, Transaction, TxId};
+
+/// What [`Log::clean`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CleanReport {
+    /// Transactions read from the cleaned segments.
+    pub transactions_read: u64,
+    /// Transactions the hook asked to re-commit.
+    pub transactions_relocated: u64,
+    /// Segments returned to the free pool.
+    pub segments_freed: u32,
+    /// Bytes the device wrote while cleaning (relocations, flushes' superblock): the cost side
+    /// of write amplification.
+    pub bytes_written: u64,
+}
+
+impl Log {
+    /// Mark `records` records of transaction `tx` dead (superseded or deleted by the layer
+    /// above). Only used to choose what to clean; a transaction already checkpointed is ignored.
+    ///
+    /// # Errors
+    /// An unknown stream.
+    pub fn mark_dead(&self, tx: TxId, records: u32) -> Result<()> {
+        let st = self
+            .streams
+            .get(usize::from(tx.stream))
+            .ok_or_else(|| LogError::Invalid(format!("no stream {}", tx.stream)))?;
+        let mut st = lock(st);
+        if let Ok(i) = st.placed.binary_search_by_key(&tx.seq, |p| p.seq) {
+            let p = &mut st.placed[i];
+            p.dead = p.dead.saturating_add(records).min(p.records);
+        }
+        Ok(())
+    }
+
+    /// Usage of each segment of `stream`'s chain since its checkpoint, oldest first.
+    ///
+    /// # Errors
+    /// An unknown stream.
+    pub fn segment_usage(&self, stream: u16) -> Result<Vec<SegmentUsage>> {
+        let st = self
+            .streams
+            .get(usize::from(stream))
+            .ok_or_else(|| LogError::Invalid(format!("no stream {stream}")))?;
+        let st = lock(st);
+        let mut out: Vec<SegmentUsage> = st
+            .chain
+            .iter()
+            .map(|&segment| SegmentUsage { segment, ..SegmentUsage::default() })
+            .collect();
+        for p in &st.placed {
+            if let Some(u) = out.iter_mut().find(|u| u.segment == p.end_segment) {
+                u.transactions += 1;
+                u.records += u64::from(p.records);
+                u.dead_records += u64::from(p.dead);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Clean the `segments` oldest segments of `stream`'s chain (never its current one): read
+    /// every transaction in them, let `relocate` say what to re-commit (`None`: nothing of it is
+    /// live), re-commit that on the same stream, make it durable, then checkpoint past the
+    /// cleaned transactions so their segments are freed.
+    ///
+    /// # Errors
+    /// I/O errors, [`LogError::NoSpace`] when the relocated records do not fit, and errors the
+    /// commits of the relocated records return.
+    pub fn clean<F>(&self, stream: u16, segments: usize, mut relocate: F) -> Result<CleanReport>
+    where
+        F: FnMut(&RecoveredTx) -> Option<Transaction>,
+    {
+        let s = usize::from(stream);
+        let st =
+            self.streams.get(s).ok_or_else(|| LogError::Invalid(format!("no stream {stream}")))?;
+        let before = self.dev.stats();
+        let upto = {
+            let st = lock(st);
+            let cleaned: Vec<u32> = st
+                .chain
+                .iter()
+                .take(segments.min(st.chain.len().saturating_sub(1)))
+                .copied()
+                .collect();
+            st.placed.iter().rev().find(|p| cleaned.contains(&p.end_segment)).map(|p| p.seq)
+        };
+        let mut report = CleanReport::default();
+        let Some(upto) = upto else { return Ok(report) };
+        self.wait_durable(TxId { stream, seq: upto })?;
+        let sb = lock(&self.sb).sb.clone();
+        let txs = read_transactions(&*self.dev, &sb, self.options, stream, upto)?;
+        for tx in &txs {
+            report.transactions_read += 1;
+            if let Some(mut moved) = relocate(tx) {
+                moved.retarget(stream);
+                self.commit(moved)?;
+                report.transactions_relocated += 1;
+            }
+        }
+        let free_before = self.free_segments();
+        self.sync()?;
+        self.checkpoint(stream, upto)?;
+        report.segments_freed = self.free_segments().saturating_sub(free_before);
+        report.bytes_written = (self.dev.stats() - before).bytes_written;
+        Ok(report)
+    }
+}
