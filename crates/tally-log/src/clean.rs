@@ -11,8 +11,13 @@ use crate::recover::read_transactions;
 use crate::{Log, LogError, RecoveredTx, Result, Transaction, TxId};
 
 /// What [`Log::clean`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct CleanReport {
+    /// The last transaction checkpointed by the cleaning (everything up to it is gone from the
+    /// log), if anything was cleaned.
+    pub checkpointed_seq: Option<u64>,
+    /// Each relocated transaction and the transaction that now carries its records.
+    pub relocated: Vec<(TxId, TxId)>,
     /// Transactions read from the cleaned segments.
     pub transactions_read: u64,
     /// Transactions the hook asked to re-commit.
@@ -103,13 +108,15 @@ impl Log {
             report.transactions_read += 1;
             if let Some(mut moved) = relocate(tx) {
                 moved.retarget(stream);
-                self.commit(moved)?;
+                let info = self.commit(moved)?;
+                report.relocated.push((tx.id, info.ticket));
                 report.transactions_relocated += 1;
             }
         }
         let free_before = self.free_segments();
         self.sync()?;
         self.checkpoint(stream, upto)?;
+        report.checkpointed_seq = Some(upto);
         report.segments_freed = self.free_segments().saturating_sub(free_before);
         report.bytes_written = (self.dev.stats() - before).bytes_written;
         Ok(report)

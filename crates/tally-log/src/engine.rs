@@ -730,7 +730,8 @@ impl Log {
             // If the checkpointed transaction is the last of its segment and the stream has
             // moved on, the chain resumes at the start of the next segment, and the
             // checkpointed one can be freed too.
-            let last_of_segment = st.placed.front().is_none_or(|q| q.end_segment != p.end_segment);
+            let last_of_segment = st.placed.front().is_none_or(|q| q.end_segment != p.end_segment)
+                || self.mutant(Mutant::CheckpointSkipsSegmentTail);
             let moved_on = st
                 .chain
                 .iter()

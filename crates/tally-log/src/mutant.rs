@@ -24,11 +24,14 @@ pub enum Mutant {
     EpochBumpNotDurable,
     /// Recovery follows any unit of the stream, ignoring the sequence chain and epoch rules.
     StaleUnitsAccepted,
+    /// A checkpoint moves the chain's start to the next segment even when transactions after
+    /// the checkpointed one remain in its segment.
+    CheckpointSkipsSegmentTail,
 }
 
 impl Mutant {
     /// Every mutant, in a fixed order.
-    pub const ALL: [Mutant; 8] = [
+    pub const ALL: [Mutant; 9] = [
         Mutant::NoPrefixCut,
         Mutant::NoDependencyClosure,
         Mutant::CountOffByOne,
@@ -37,6 +40,7 @@ impl Mutant {
         Mutant::NoEpochBump,
         Mutant::EpochBumpNotDurable,
         Mutant::StaleUnitsAccepted,
+        Mutant::CheckpointSkipsSegmentTail,
     ];
 
     /// Kebab-case name, as the CLI takes it.
@@ -51,6 +55,7 @@ impl Mutant {
             Mutant::NoEpochBump => "no-epoch-bump",
             Mutant::EpochBumpNotDurable => "epoch-bump-not-durable",
             Mutant::StaleUnitsAccepted => "stale-units-accepted",
+            Mutant::CheckpointSkipsSegmentTail => "checkpoint-skips-segment-tail",
         }
     }
 

@@ -61,7 +61,12 @@ impl Default for ExploreConfig {
             streams: 2,
             segment_blocks: 8,
             segment_count: 10,
-            crash: CrashOptions { tearing: true, samples: 64, ..CrashOptions::default() },
+            crash: CrashOptions {
+                tearing: true,
+                samples: 64,
+                exhaustive_images_max: 1024,
+                ..CrashOptions::default()
+            },
             branch_max: 6,
             recovery_crashes: true,
             mutant: None,
@@ -242,7 +247,9 @@ impl Explorer {
                 }
                 return;
             }
-            if let Err(v) = apply(&log, op, &mut model, self.cfg.block_size) {
+            if let Err(v) =
+                apply(&log, op, &mut model, self.cfg.block_size, self.cfg.segment_blocks)
+            {
                 self.record(at, v);
                 return;
             }
@@ -266,21 +273,34 @@ impl Explorer {
         }
     }
 
-    /// Every crash image at this point, recovered and judged.
+    /// Every crash image at this point, recovered and judged: first every untorn image
+    /// (exhaustive up to 12 uncertain writes), then the torn ones (exhaustive while they number
+    /// at most `crash.exhaustive_images_max`, sampled beyond), each distinct image once.
     fn check_point(&mut self, dev: &CrashDevice, model: &Model, at: At<'_>) {
         self.report.crash_points += 1;
-        let mut images = dev.crash_images(self.crash_options(at.workload, at.start, at.op_index));
-        for image in images.by_ref() {
-            self.report.states_checked += 1;
-            self.unique.insert(image_hash(&image));
-            if let Err(v) = self.check_image(&image, model) {
-                self.record(at, v);
-                if self.done() {
-                    return;
+        let torn = self.crash_options(at.workload, at.start, at.op_index);
+        let untorn =
+            CrashOptions { tearing: false, exhaustive_images_max: 1 << 16, ..torn.clone() };
+        let passes = if torn.tearing { vec![untorn, torn] } else { vec![untorn] };
+        let mut seen = HashSet::new();
+        for options in passes {
+            let mut images = dev.crash_images(options);
+            for image in images.by_ref() {
+                let hash = image_hash(&image);
+                if !seen.insert(hash) {
+                    continue;
+                }
+                self.report.states_checked += 1;
+                self.unique.insert(hash);
+                if let Err(v) = self.check_image(&image, model) {
+                    self.record(at, v);
+                    if self.done() {
+                        return;
+                    }
                 }
             }
+            self.report.all_exhaustive &= images.report().exhaustive;
         }
-        self.report.all_exhaustive &= images.report().exhaustive;
     }
 
     fn check_image(&mut self, image: &Image, model: &Model) -> Result<(), Violation> {
@@ -485,7 +505,13 @@ fn tag_data(tag: u64, index: usize, block_size: u32, len: usize) -> Vec<u8> {
 }
 
 /// Apply one op to the live log and the model.
-fn apply(log: &Log, op: Op, model: &mut Model, block_size: u32) -> Result<(), Violation> {
+fn apply(
+    log: &Log,
+    op: Op,
+    model: &mut Model,
+    block_size: u32,
+    segment_blocks: u32,
+) -> Result<(), Violation> {
     let next_tag = model
         .streams
         .iter()
@@ -500,6 +526,11 @@ fn apply(log: &Log, op: Op, model: &mut Model, block_size: u32) -> Result<(), Vi
         Op::SmallDurable => (0, 24, 0, CommitMode::Count, None),
         // Three units' worth of body, and two data blocks (the second one short).
         Op::Multi => (0, 2 * (block_size as usize - 64) + 40, 2, CommitMode::Ordered, None),
+        // A whole segment: units for all but two blocks, and two data blocks.
+        Op::Max => {
+            let units = segment_blocks as usize - 2;
+            (0, units * (block_size as usize - 64) - 128, 2, CommitMode::Ordered, None)
+        }
         Op::Dependent => (1, 24, 0, CommitMode::Ordered, model.streams[0].last().map(|t| t.id)),
         Op::Classic => (1, 24, 1, CommitMode::Classic, None),
         Op::Sync => {
@@ -508,13 +539,15 @@ fn apply(log: &Log, op: Op, model: &mut Model, block_size: u32) -> Result<(), Vi
             return Ok(());
         }
         Op::Checkpoint => {
-            if let Some(last) = model.streams[0].last().map(|t| t.id) {
-                log.checkpoint(0, last.seq).map_err(|e| workload_error(op, &e))?;
-                model.ack(last);
-                model.checkpoint(0, last.seq);
+            // The first transaction: the rest of its segment must survive the checkpoint.
+            if let Some(target) = model.streams[0].first().map(|t| t.id) {
+                log.checkpoint(0, target.seq).map_err(|e| workload_error(op, &e))?;
+                model.ack(target);
+                model.checkpoint(0, target.seq);
             }
             return Ok(());
         }
+        Op::Clean => return clean(log, model),
         Op::Crash => return Ok(()),
     };
     let tag = next_tag;
@@ -548,6 +581,35 @@ fn apply(log: &Log, op: Op, model: &mut Model, block_size: u32) -> Result<(), Vi
         Err(LogError::NoSpace { .. }) => Ok(()),
         Err(e) => Err(workload_error(op, &e)),
     }
+}
+
+/// `g`: clean stream 0's oldest segment, relocating every transaction (records and data) in it.
+fn clean(log: &Log, model: &mut Model) -> Result<(), Violation> {
+    let dev = log.device().clone();
+    let bs = dev.geometry().block_size as usize;
+    let report = log
+        .clean(0, 1, |t| {
+            let mut moved = Transaction::new(0);
+            for r in &t.records {
+                moved.record(r.clone());
+            }
+            for i in 0..u64::from(t.data_count) {
+                let mut block = vec![0u8; bs];
+                dev.read(t.data_start + i, &mut block).ok()?;
+                moved.data(block);
+            }
+            Some(moved)
+        })
+        .map_err(|e| workload_error(Op::Clean, &e))?;
+    let Some(upto) = report.checkpointed_seq else { return Ok(()) };
+    for (old, new) in &report.relocated {
+        if let Some(tx) = model.streams[0].iter().find(|t| t.id == *old).cloned() {
+            model.streams[0].push(ModelTx { id: *new, deps: Vec::new(), ..tx });
+        }
+    }
+    model.ack_all(); // cleaning syncs before it checkpoints
+    model.checkpoint(0, upto);
+    Ok(())
 }
 
 fn workload_error(op: Op, e: &LogError) -> Violation {

@@ -12,28 +12,35 @@ pub enum Op {
     SmallDurable,
     /// `m`: an ordered commit on stream 0 with three units and two data blocks.
     Multi,
+    /// `M`: an ordered commit on stream 0 that fills a whole segment (units and two data
+    /// blocks), so it always starts a segment of its own.
+    Max,
     /// `d`: an ordered commit on stream 1 that depends on stream 0's last transaction.
     Dependent,
     /// `l`: a classic-mode (journal + commit block) commit on stream 1.
     Classic,
     /// `s`: `sync()`.
     Sync,
-    /// `k`: checkpoint stream 0 up to its last transaction.
+    /// `k`: checkpoint stream 0 up to its first transaction after the last checkpoint.
     Checkpoint,
+    /// `g`: clean stream 0's oldest segment, relocating every transaction in it.
+    Clean,
     /// `c`: crash, then recover (the explorer branches over the crash images).
     Crash,
 }
 
 impl Op {
     /// Every op, in alphabet order.
-    pub const ALL: [Op; 8] = [
+    pub const ALL: [Op; 10] = [
         Op::Small,
         Op::SmallDurable,
         Op::Multi,
+        Op::Max,
         Op::Dependent,
         Op::Classic,
         Op::Sync,
         Op::Checkpoint,
+        Op::Clean,
         Op::Crash,
     ];
 
@@ -44,10 +51,12 @@ impl Op {
             Op::Small => 'a',
             Op::SmallDurable => 'A',
             Op::Multi => 'm',
+            Op::Max => 'M',
             Op::Dependent => 'd',
             Op::Classic => 'l',
             Op::Sync => 's',
             Op::Checkpoint => 'k',
+            Op::Clean => 'g',
             Op::Crash => 'c',
         }
     }
@@ -70,7 +79,9 @@ impl Workload {
     /// The first letter that names no op.
     pub fn parse(s: &str) -> Result<Workload, String> {
         s.chars()
-            .map(|c| Op::from_letter(c).ok_or_else(|| format!("unknown op {c:?} (ops: aAmdlskc)")))
+            .map(|c| {
+                Op::from_letter(c).ok_or_else(|| format!("unknown op {c:?} (ops: aAmMdlskgc)"))
+            })
             .collect::<Result<Vec<_>, _>>()
             .map(Workload)
     }
@@ -99,7 +110,7 @@ impl Workload {
     #[must_use]
     pub fn random(rng: &mut fastrand::Rng, ops: usize) -> Workload {
         // Commits dominate, as in real use; every op kind appears.
-        const WEIGHTED: [Op; 16] = [
+        const WEIGHTED: [Op; 18] = [
             Op::Small,
             Op::Small,
             Op::Small,
@@ -116,6 +127,8 @@ impl Workload {
             Op::Multi,
             Op::Dependent,
             Op::SmallDurable,
+            Op::Max,
+            Op::Clean,
         ];
         Workload((0..ops).map(|_| WEIGHTED[rng.usize(..WEIGHTED.len())]).collect())
     }

@@ -19,7 +19,7 @@ pub const DEP_SIZE: usize = 16;
 pub const RECORD_LEN_SIZE: usize = 4;
 
 /// A `(stream, seq)` pair naming a transaction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 pub struct TxId {
     /// The stream.
     pub stream: u16,
