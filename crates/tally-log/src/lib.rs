@@ -12,6 +12,30 @@
 //! - **durability on demand**: a transaction whose [`Log::wait_durable`] (or
 //!   [`Log::commit_durable`]) returned survives.
 //!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use tally_log::{Log, LogConfig, OpenOptions, Transaction};
+//! use tally_media::{FileDevice, FileOptions};
+//! # let dir = std::env::temp_dir().join(format!("tally-doc-{}", std::process::id()));
+//! # std::fs::create_dir_all(&dir)?;
+//! # let path = dir.join("tally.img");
+//! # std::fs::File::create(&path)?.set_len(64 << 20)?;
+//!
+//! let dev = Arc::new(FileDevice::open(&path, FileOptions::default())?);
+//! Log::format(&*dev, &LogConfig::default())?; // once
+//! let (log, recovered) = Log::open(dev, OpenOptions::default())?; // every start: recovers
+//! assert!(recovered.streams.iter().all(|s| s.txs.is_empty()));
+//! let mut tx = Transaction::new(0); // stream 0
+//! tx.record(b"set x = 1".to_vec());
+//! let ticket = log.commit(tx)?.ticket; // ordered + atomic, returns at once
+//! log.wait_durable(ticket)?; // one flush, shared with other waiters
+//! # drop(log);
+//! # std::fs::remove_dir_all(&dir)?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! Invariants the implementation keeps:
 //! - a stream's transactions are laid out back to back in its segment chain; each unit records
 //!   the sequence number of the transaction before it (`prev_seq`), the stream's epoch and the
