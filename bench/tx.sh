@@ -4,17 +4,17 @@
 # (default /var/tmp, which must not be tmpfs: O_DIRECT), and writes docs/bench/tx.md plus the
 # raw JSON reports in docs/bench/tx-data/.
 #
-#   bench/tx.sh                 # ~8 minutes on a 2-core VM
-#   SECONDS_PER_RUN=3 RUNS=3 BENCH_DIR=/mnt/ssd bench/tx.sh
+#   bench/tx.sh                 # ~9 minutes on a 2-core VM
+#   SECONDS_PER_RUN=5 RUNS=3 SIZE=4G BENCH_DIR=/mnt/ssd bench/tx.sh
 #
 # Run it on an otherwise idle machine: the load average is recorded in the document.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BENCH_DIR=${BENCH_DIR:-/var/tmp}
-SECS=${SECONDS_PER_RUN:-5}
-RUNS=${RUNS:-3}
-SIZE=${SIZE:-4G}
+SECS=${SECONDS_PER_RUN:-3}
+RUNS=${RUNS:-5}
+SIZE=${SIZE:-1G}
 LOG_MIB=${LOG_MIB:-1024}
 OUT_MD="$ROOT/docs/bench/tx.md"
 OUT_DATA="$ROOT/docs/bench/tx-data"
@@ -30,6 +30,11 @@ fi
 
 cd "$ROOT"
 cargo build --release -q -p tally
+# The code measured: the commit the binary was built from, and whether the crates it measures
+# had uncommitted changes at that moment.
+BUILT_FROM="$(git rev-parse --short HEAD)"
+git diff --quiet HEAD -- crates/tally-log crates/tally-media crates/tally-bench \
+  || BUILT_FROM="$BUILT_FROM + uncommitted changes to the measured crates"
 TALLY="${CARGO_TARGET_DIR:-$ROOT/target}/release/tally"
 
 cleanup() { rm -f "$FILE" "$RFILE"; }
@@ -46,7 +51,10 @@ done
 mkdir -p "$OUT_DATA"
 rm -f "$OUT_DATA"/*.json
 : >"$OUT_DATA/commands.txt"
-: >"$OUT_DATA/load.txt"
+# The first line is the load before any benchmark ran; later lines include the benchmark's own
+# threads (the load average counts threads waiting for I/O), so the busiest other processes
+# are logged beside them.
+echo "start: $(cut -d' ' -f1-3 /proc/loadavg)" >"$OUT_DATA/load.txt"
 
 # run NAME ARGS...: one tally invocation, JSON to $OUT_DATA/NAME.json, command and load logged.
 # The first tx invocation creates the file (--keep); later ones reuse it (--force).
@@ -54,7 +62,9 @@ run() {
   local name=$1
   shift
   local shown="tally $*"
-  echo "$name: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT_DATA/load.txt"
+  local others
+  others=$(ps -eo pcpu=,comm= --sort=-pcpu | awk '$2 != "tally" && $1 >= 10 {printf "%s(%s%%) ", $2, $1}')
+  echo "$name: $(cut -d' ' -f1-3 /proc/loadavg) others>=10%cpu: ${others:-none}" >>"$OUT_DATA/load.txt"
   echo "${shown//$BENCH_DIR/\$BENCH_DIR}" >>"$OUT_DATA/commands.txt"
   echo "== $name: $shown" >&2
   "$TALLY" "$@" --json >"$OUT_DATA/$name.json"
@@ -69,6 +79,12 @@ tx() {
   reuse=(--keep --force)
 }
 
+# Create and write the file once with a short unrecorded run, then let the disk settle: the
+# host may still be writing back the fill, which would slow the first measured runs.
+echo "== warm-up (not recorded)" >&2
+"$TALLY" bench tx --path "$FILE" --size "$SIZE" --seconds 1 --runs 1 --modes count --keep --json >/dev/null
+reuse=(--keep --force)
+sleep 15
 # (a) 1 thread x 1 block, all four modes.
 tx a-1x1 --threads 1 --blocks 1 --modes classic,count,ordered,orderless
 # (b) 1 thread x 1..16 blocks.
@@ -86,5 +102,5 @@ finished=$(date -u +%Y-%m-%dT%H:%MZ)
 
 python3 "$ROOT/bench/tx_report.py" "$OUT_DATA" "$OUT_MD" "$started" "$finished" \
   "$(uname -sr)" "$(nproc)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')" \
-  "$fstype" "$SECS" "$RUNS" "$SIZE"
+  "$fstype" "$SECS" "$RUNS" "$SIZE" "$BUILT_FROM"
 echo "bench/tx.sh: wrote ${OUT_MD#$ROOT/}" >&2
