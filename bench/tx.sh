@@ -63,7 +63,7 @@ run() {
   shift
   local shown="tally $*"
   local others
-  others=$(ps -eo pcpu=,comm= --sort=-pcpu | awk '$2 != "tally" && $1 >= 10 {printf "%s(%s%%) ", $2, $1}')
+  others=$(ps -eo pcpu=,comm= --sort=-pcpu | awk '$2 != "tally" && $2 !~ /^kworker/ && $1 >= 10 {printf "%s(%s%%) ", $2, $1}')
   echo "$name: $(cut -d' ' -f1-3 /proc/loadavg) others>=10%cpu: ${others:-none}" >>"$OUT_DATA/load.txt"
   echo "${shown//$BENCH_DIR/\$BENCH_DIR}" >>"$OUT_DATA/commands.txt"
   echo "== $name: $shown" >&2
