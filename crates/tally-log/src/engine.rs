@@ -211,6 +211,8 @@ pub(crate) struct Stream {
     /// Encoded spans not yet submitted: (first block, bytes, seq).
     pub pending: Vec<(u64, IoBuf, u64)>,
     pub submitting: bool,
+    /// Orderless commits between placement and having their ticket in `inflight`.
+    pub direct_submits: u32,
     /// Submitted batches not yet known complete: (first seq, last seq, ticket).
     pub inflight: Vec<(u64, u64, Ticket)>,
     /// Every transaction with seq <= durable is on stable media.
@@ -519,12 +521,21 @@ impl Log {
         let info = CommitInfo { ticket, data_start: start + unit_count };
         self.commits.fetch_add(1, Ordering::Relaxed);
         if mode == CommitMode::Orderless {
+            // Submitted outside the lock; until its ticket is in `inflight`, `direct_submits`
+            // keeps a flush round from declaring it durable.
+            st.direct_submits += 1;
             drop(st);
-            let t = self
-                .dev
-                .submit(vec![Write::new(start, buf)], WriteFlags::NONE)
-                .map_err(|e| self.fail(e))?;
-            lock(&self.streams[s]).inflight.push((seq, seq, t));
+            let result = self.dev.submit(vec![Write::new(start, buf)], WriteFlags::NONE);
+            let mut st = lock(&self.streams[s]);
+            st.direct_submits -= 1;
+            self.stream_cv[s].notify_all();
+            match result {
+                Ok(t) => st.inflight.push((seq, seq, t)),
+                Err(e) => {
+                    drop(st);
+                    return Err(self.fail(e));
+                }
+            }
             return Ok(info);
         }
         st.pending.push((start, buf, seq));
@@ -691,7 +702,7 @@ impl Log {
         loop {
             self.drive(s)?;
             let mut st = lock(&self.streams[s]);
-            while st.submitting {
+            while st.submitting || st.direct_submits > 0 {
                 self.check_failed()?;
                 st = self.stream_cv[s].wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
             }

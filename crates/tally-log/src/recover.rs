@@ -210,6 +210,7 @@ impl Log {
                 placed: scan.txs.iter().map(|t| t.1).collect(),
                 pending: Vec::new(),
                 submitting: false,
+                direct_submits: 0,
                 inflight: Vec::new(),
                 durable: tail,
                 root: new_root,
