@@ -21,15 +21,7 @@ pub fn process_cpu_time() -> Duration {
     micros(usage.ru_utime) + micros(usage.ru_stime)
 }
 
-/// Nearest-rank percentile `q` (0..=1) of `sorted` nanoseconds, in microseconds; 0 if empty.
-#[must_use]
-pub fn percentile_us(sorted: &[u64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let index = (q * sorted.len() as f64).ceil() as usize;
-    sorted[index.clamp(1, sorted.len()) - 1] as f64 / 1000.0
-}
+pub use tally_media::probe::percentile_us;
 
 /// Median and range of one figure over repeated runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
@@ -63,10 +55,19 @@ impl Spread {
 /// # Errors
 /// Text that is not such a size, zero, or a size that overflows.
 pub fn parse_size(text: &str) -> Result<u64, String> {
+    parse_size_like(text, "4G")
+}
+
+/// [`parse_size`], naming `example` in the message for text that is not a size.
+///
+/// # Errors
+/// Text that is not such a size, zero, or a size that overflows.
+pub fn parse_size_like(text: &str, example: &str) -> Result<u64, String> {
     let trimmed = text.trim();
     let unit_start = trimmed.find(|c: char| !c.is_ascii_digit()).unwrap_or(trimmed.len());
     let (digits, unit) = trimmed.split_at(unit_start);
-    let number: u64 = digits.parse().map_err(|_| format!("{text:?} is not a size like 4G"))?;
+    let number: u64 =
+        digits.parse().map_err(|_| format!("{text:?} is not a size like {example}"))?;
     let shift = match unit.to_ascii_uppercase().as_str() {
         "" | "B" => 0,
         "K" | "KB" | "KIB" => 10,

@@ -17,6 +17,7 @@ mod file;
 mod image;
 mod mem;
 pub mod probe;
+pub mod scratch;
 mod stats;
 
 pub use buf::IoBuf;

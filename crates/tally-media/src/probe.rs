@@ -5,24 +5,21 @@
 //! `fdatasync` after a 4 KiB write, and a 4 KiB FUA (`RWF_DSYNC`) write. One stream of commits
 //! that each need one flush can go no faster than `1 / median flush latency`.
 //!
-//! Safety of the data on the target (the rule, in one place):
+//! Safety of the data on the target is the rule of [`crate::scratch`], used without filling:
 //! - a missing path is created (sparse, then preallocated with `fallocate`) and deleted at the
 //!   end unless `keep`;
 //! - an existing *empty* regular file is used, and truncated back to empty unless `keep`;
 //! - anything else that exists (a non-empty file, a block device) is refused unless `force`,
-//!   since probing overwrites the first blocks.
+//!   since probing overwrites the first blocks; with `force` it is used as it is.
 //!
 //! The blocks written are pre-written once and flushed before timing, so the numbers are for
 //! overwrites in place, as a log on preallocated segments sees them, not for first writes into
 //! unwritten extents (which cost the file system a metadata commit on every flush).
 
-use std::fs::{File, OpenOptions};
-use std::io;
-use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::file::fallocate;
+use crate::scratch::{Occupant, Scratch, ScratchError, ScratchOptions, ScratchWarning};
 use crate::{
     Device, DeviceStats, EngineKind, FileDevice, FileOptions, IoBuf, MediaError, Write, WriteFlags,
 };
@@ -76,21 +73,28 @@ impl LatencyUs {
         sorted.sort_unstable();
         let count = sorted.len();
         let last = *sorted.last()?;
-        // Nearest-rank percentile: the smallest sample with at least q of them at or below it.
-        let rank = |q: f64| {
-            let index = (q * count as f64).ceil() as usize;
-            sorted[index.clamp(1, count) - 1]
-        };
         let us = |nanos: u64| nanos as f64 / 1000.0;
         let sum: u128 = sorted.iter().map(|&s| u128::from(s)).sum();
         Some(LatencyUs {
-            p50: us(rank(0.50)),
-            p99: us(rank(0.99)),
+            p50: percentile_us(&sorted, 0.50),
+            p99: percentile_us(&sorted, 0.99),
             min: us(sorted[0]),
             max: us(last),
             mean: sum as f64 / count as f64 / 1000.0,
         })
     }
+}
+
+/// Nearest-rank percentile `q` (0..=1) of `sorted` nanoseconds, in microseconds; 0 if empty.
+///
+/// Nearest rank: the smallest sample with at least `q` of them at or below it.
+#[must_use]
+pub fn percentile_us(sorted: &[u64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let index = (q * sorted.len() as f64).ceil() as usize;
+    sorted[index.clamp(1, sorted.len()) - 1] as f64 / 1000.0
 }
 
 /// The machine the probe ran on.
@@ -102,6 +106,13 @@ pub struct MachineInfo {
     pub arch: String,
     /// CPUs available to this process.
     pub cpu_count: u32,
+}
+
+impl std::fmt::Display for MachineInfo {
+    /// As the reports print it: `Linux 6.1.0 x86_64, 8 CPUs`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Linux {} {}, {} CPUs", self.kernel, self.arch, self.cpu_count)
+    }
 }
 
 /// What a probe measured.
@@ -162,17 +173,9 @@ pub enum ProbeError {
         /// What is there.
         reason: String,
     },
-    /// Preparing or cleaning up the file failed.
-    #[error("{op} {} failed: {source}", path.display())]
-    Io {
-        /// The operation.
-        op: &'static str,
-        /// The path.
-        path: PathBuf,
-        /// The underlying error.
-        #[source]
-        source: io::Error,
-    },
+    /// Preparing the file failed.
+    #[error(transparent)]
+    Prepare(ScratchError),
     /// The device failed.
     #[error(transparent)]
     Media(#[from] MediaError),
@@ -182,110 +185,57 @@ impl ProbeError {
     /// Whether the caller asked for something impossible (as opposed to an I/O failure).
     #[must_use]
     pub fn is_bad_input(&self) -> bool {
-        matches!(self, ProbeError::BadInput { .. } | ProbeError::Refused { .. })
-    }
-}
-
-/// What to undo when the probe ends, successfully or not.
-struct Cleanup {
-    path: PathBuf,
-    action: Option<CleanupAction>,
-}
-
-enum CleanupAction {
-    Remove,
-    TruncateToEmpty,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let outcome = match self.action {
-            Some(CleanupAction::Remove) => std::fs::remove_file(&self.path),
-            Some(CleanupAction::TruncateToEmpty) => {
-                OpenOptions::new().write(true).open(&self.path).and_then(|f| f.set_len(0))
-            }
-            None => Ok(()),
-        };
-        if let Err(error) = outcome {
-            tracing::warn!(path = %self.path.display(), %error, "could not clean up after probe");
+        match self {
+            ProbeError::BadInput { .. } | ProbeError::Refused { .. } => true,
+            ProbeError::Prepare(error) => error.is_bad_input(),
+            ProbeError::Media(_) => false,
         }
     }
 }
 
-fn io_error(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> ProbeError {
-    let path = path.to_path_buf();
-    move |source| ProbeError::Io { op, path, source }
-}
-
-/// Give `file` its size, sparse first, then preallocated where the file system can.
-fn size_file(file: &File, path: &Path, size_bytes: u64) -> Result<(), ProbeError> {
-    file.set_len(size_bytes).map_err(io_error("extend", path))?;
-    if let Err(error) = fallocate(file, size_bytes) {
-        tracing::warn!(path = %path.display(), %error, "fallocate failed; probing a sparse file");
-    }
-    Ok(())
-}
-
-/// Decide whether `path` may be probed, prepare it, and say what to undo afterwards.
-fn prepare(path: &Path, options: &ProbeOptions) -> Result<(Cleanup, bool), ProbeError> {
-    let mut cleanup = Cleanup { path: path.to_path_buf(), action: None };
-    match std::fs::metadata(path) {
-        Ok(metadata) if metadata.is_dir() => Err(ProbeError::BadInput {
-            reason: format!("{} is a directory; give a file or block device path", path.display()),
-        }),
-        Ok(metadata) if metadata.file_type().is_block_device() => {
-            if options.force {
-                Ok((cleanup, false))
-            } else {
+/// The probe's own words for what it refuses; other failures keep the scratch target's.
+impl From<ScratchError> for ProbeError {
+    fn from(error: ScratchError) -> Self {
+        match error {
+            ScratchError::Directory { .. } | ScratchError::BadInput { .. } => {
+                ProbeError::BadInput { reason: error.to_string() }
+            }
+            ScratchError::Refused { path, occupant: Occupant::BlockDevice } => {
                 let reason = "it is a block device and probing overwrites its first blocks";
-                Err(ProbeError::Refused { path: path.to_path_buf(), reason: reason.to_string() })
+                ProbeError::Refused { path, reason: reason.to_string() }
             }
+            ScratchError::Refused { path, occupant: Occupant::File { len_bytes } } => {
+                let reason =
+                    format!("it is a file of {len_bytes} bytes that probing would overwrite");
+                ProbeError::Refused { path, reason }
+            }
+            ScratchError::Io { .. } => ProbeError::Prepare(error),
         }
-        Ok(metadata) if metadata.is_file() => {
-            if metadata.len() == 0 {
-                let file =
-                    OpenOptions::new().write(true).open(path).map_err(io_error("open", path))?;
-                if !options.keep {
-                    cleanup.action = Some(CleanupAction::TruncateToEmpty);
-                }
-                size_file(&file, path, options.size_bytes)?;
-                Ok((cleanup, false))
-            } else if options.force {
-                Ok((cleanup, false))
-            } else {
-                let reason = format!(
-                    "it is a file of {} bytes that probing would overwrite",
-                    metadata.len()
-                );
-                Err(ProbeError::Refused { path: path.to_path_buf(), reason })
-            }
+    }
+}
+
+/// The probe's target: sized to `options.size_bytes` if created or empty, never filled (the
+/// probe zeroes only the blocks it uses).
+fn prepare(path: &Path, options: &ProbeOptions) -> Result<Scratch, ProbeError> {
+    let scratch_options = ScratchOptions {
+        size_bytes: options.size_bytes,
+        keep: options.keep,
+        force: options.force,
+        fill: false,
+        extend_forced: false,
+        warn,
+    };
+    Ok(Scratch::prepare(path, scratch_options)?)
+}
+
+fn warn(warning: &ScratchWarning) {
+    match warning {
+        ScratchWarning::Fallocate { path, error } => {
+            tracing::warn!(path = %path.display(), %error, "fallocate failed; probing a sparse file");
         }
-        Ok(_) => Err(ProbeError::BadInput {
-            reason: format!("{} is neither a regular file nor a block device", path.display()),
-        }),
-        Err(error) if error.kind() == io::ErrorKind::NotFound => {
-            let parent = match path.parent() {
-                Some(parent) if !parent.as_os_str().is_empty() => parent,
-                _ => Path::new("."),
-            };
-            if !parent.is_dir() {
-                return Err(ProbeError::BadInput {
-                    reason: format!("directory {} does not exist", parent.display()),
-                });
-            }
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(path)
-                .map_err(io_error("create", path))?;
-            if !options.keep {
-                cleanup.action = Some(CleanupAction::Remove);
-            }
-            size_file(&file, path, options.size_bytes)?;
-            Ok((cleanup, true))
+        ScratchWarning::Cleanup { path, error } => {
+            tracing::warn!(path = %path.display(), %error, "could not clean up after probe");
         }
-        Err(error) => Err(io_error("stat", path)(error)),
     }
 }
 
@@ -320,7 +270,7 @@ fn elapsed_nanos(start: Instant) -> u64 {
 ///
 /// # Errors
 /// [`ProbeError::BadInput`] / [`ProbeError::Refused`] before anything is written;
-/// [`ProbeError::Io`] / [`ProbeError::Media`] when the device fails.
+/// [`ProbeError::Prepare`] / [`ProbeError::Media`] when the device fails.
 pub fn probe(path: &Path, options: ProbeOptions) -> Result<ProbeReport, ProbeError> {
     if options.iterations == 0 {
         return Err(ProbeError::BadInput { reason: "iterations must be at least 1".to_string() });
@@ -333,9 +283,9 @@ pub fn probe(path: &Path, options: ProbeOptions) -> Result<ProbeReport, ProbeErr
             ),
         });
     }
-    let (cleanup, created) = prepare(path, &options)?;
-    let report = measure(path, &options, created);
-    drop(cleanup);
+    let scratch = prepare(path, &options)?;
+    let report = measure(path, &options, scratch.created());
+    drop(scratch);
     report
 }
 

@@ -1,7 +1,6 @@
 //! `tally bench …`: benchmarks, run by hand or by the benchmark scripts, never by the tests.
 //! The measuring lives in `tally-bench`; this file parses arguments and prints reports.
 
-use std::error::Error as _;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,7 +10,7 @@ use tally_bench::tx::{TxOptions, TxReport};
 use tally_bench::{parse_size, BenchError};
 use tally_log::CommitMode;
 
-use crate::{EXIT_BAD_INPUT, EXIT_IO_FAILURE};
+use crate::{fail, EXIT_IO_FAILURE};
 
 /// Benchmarks.
 #[derive(Debug, clap::Subcommand)]
@@ -140,25 +139,8 @@ fn finish<R: serde::Serialize>(
             print!("{}", table(&report));
             ExitCode::SUCCESS
         }
-        Err(error) => {
-            eprintln!("tally bench: error: {}", describe(&error));
-            ExitCode::from(if error.is_bad_input() { EXIT_BAD_INPUT } else { EXIT_IO_FAILURE })
-        }
+        Err(error) => fail("tally bench", &error, error.is_bad_input()),
     }
-}
-
-/// The error with its chain of causes, each once.
-fn describe(error: &BenchError) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            let _ = write!(text, ": {cause_text}");
-        }
-        source = cause.source();
-    }
-    text
 }
 
 fn tx_table(r: &TxReport) -> String {
@@ -226,10 +208,8 @@ fn tx_table(r: &TxReport) -> String {
     );
     let _ = writeln!(
         out,
-        "  machine: Linux {} {}, {} CPUs; O_DIRECT {}, engine {}",
-        r.machine.kernel,
-        r.machine.arch,
-        r.machine.cpu_count,
+        "  machine: {}; O_DIRECT {}, engine {}",
+        r.machine,
         if c.direct { "yes" } else { "no" },
         c.engine
     );

@@ -5,6 +5,8 @@ mod bench;
 mod crash;
 mod probe;
 
+use std::error::Error;
+use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -13,6 +15,27 @@ use clap::{Parser, Subcommand};
 pub const EXIT_BAD_INPUT: u8 = 2;
 /// Exit code for an I/O failure while running.
 pub const EXIT_IO_FAILURE: u8 = 1;
+
+/// Print `error` as `command: error: …` with its causes, and the exit code for it: bad input
+/// (`bad_input`) or an I/O failure.
+pub fn fail(command: &str, error: &dyn Error, bad_input: bool) -> ExitCode {
+    eprintln!("{command}: error: {}", describe(error));
+    ExitCode::from(if bad_input { EXIT_BAD_INPUT } else { EXIT_IO_FAILURE })
+}
+
+/// The error with its chain of causes, each once.
+fn describe(error: &dyn Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            let _ = write!(text, ": {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}
 
 /// Tally: a crash-consistent storage stack.
 #[derive(Debug, Parser)]

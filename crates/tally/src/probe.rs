@@ -1,13 +1,13 @@
 //! `tally probe PATH`: what does one durable commit cost on this device?
 
-use std::error::Error as _;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use tally_media::probe::{probe, LatencyUs, ProbeError, ProbeOptions, ProbeReport};
+use tally_bench::measure::parse_size_like;
+use tally_media::probe::{probe, LatencyUs, ProbeOptions, ProbeReport};
 
-use crate::{EXIT_BAD_INPUT, EXIT_IO_FAILURE};
+use crate::{fail, EXIT_IO_FAILURE};
 
 /// Arguments of `tally probe`.
 #[derive(Debug, clap::Args)]
@@ -34,22 +34,7 @@ pub struct Args {
 /// Parse a byte size: digits with an optional K, M, G or T suffix (binary), optionally
 /// followed by "iB" or "B".
 fn parse_size(text: &str) -> Result<u64, String> {
-    let trimmed = text.trim();
-    let unit_start = trimmed.find(|c: char| !c.is_ascii_digit()).unwrap_or(trimmed.len());
-    let (digits, unit) = trimmed.split_at(unit_start);
-    let number: u64 = digits.parse().map_err(|_| format!("{text:?} is not a size like 64M"))?;
-    let shift = match unit.to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        "T" | "TB" | "TIB" => 40,
-        _ => return Err(format!("unknown unit {unit:?} in {text:?} (use K, M, G or T)")),
-    };
-    number
-        .checked_mul(1u64 << shift)
-        .filter(|&bytes| bytes > 0)
-        .ok_or_else(|| format!("size {text:?} is zero or too large"))
+    parse_size_like(text, "64M")
 }
 
 /// Run the probe and print its report; the exit code says how it went.
@@ -62,25 +47,8 @@ pub fn run(args: &Args) -> ExitCode {
     };
     match probe(&args.path, options) {
         Ok(report) => print_report(&report, args.json),
-        Err(error) => {
-            eprintln!("tally probe: error: {}", describe(&error));
-            ExitCode::from(if error.is_bad_input() { EXIT_BAD_INPUT } else { EXIT_IO_FAILURE })
-        }
+        Err(error) => fail("tally probe", &error, error.is_bad_input()),
     }
-}
-
-/// The error with its chain of causes, each once.
-fn describe(error: &ProbeError) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            let _ = write!(text, ": {cause_text}");
-        }
-        source = cause.source();
-    }
-    text
 }
 
 fn print_report(report: &ProbeReport, json: bool) -> ExitCode {
@@ -140,12 +108,7 @@ fn table(report: &ProbeReport) -> String {
         "  ceiling, one stream, FUA per commit:   {:>10.0} commits/s",
         report.ceiling_commits_per_sec_fua
     );
-    let machine = &report.machine;
-    let _ = writeln!(
-        out,
-        "  machine: Linux {} {}, {} CPUs",
-        machine.kernel, machine.arch, machine.cpu_count
-    );
+    let _ = writeln!(out, "  machine: {}", report.machine);
     out
 }
 
