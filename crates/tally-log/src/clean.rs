@@ -79,8 +79,9 @@ impl Log {
     /// cleaned transactions so their segments are freed.
     ///
     /// # Errors
-    /// I/O errors, [`LogError::NoSpace`] when the relocated records do not fit, and errors the
-    /// commits of the relocated records return.
+    /// I/O errors, [`LogError::NoSpace`] when the relocated records do not fit (checked before
+    /// anything is written, so the log is unchanged; a concurrent committer on the same log can
+    /// still take the space in between), and errors the commits of the relocations return.
     pub fn clean<F>(&self, stream: u16, segments: usize, mut relocate: F) -> Result<CleanReport>
     where
         F: FnMut(&RecoveredTx) -> Option<Transaction>,
@@ -104,14 +105,26 @@ impl Log {
         self.wait_durable(TxId { stream, seq: upto })?;
         let sb = lock(&self.sb).sb.clone();
         let txs = read_transactions(&*self.dev, &sb, self.options, stream, upto)?;
-        for tx in &txs {
-            report.transactions_read += 1;
-            if let Some(mut moved) = relocate(tx) {
-                moved.retarget(stream);
-                let info = self.commit(moved)?;
-                report.relocated.push((tx.id, info.ticket));
-                report.transactions_relocated += 1;
-            }
+        report.transactions_read = txs.len() as u64;
+        // Plan every relocation first: either all of them fit, or nothing is written and the
+        // caller gets NoSpace with the log as it was (no half-relocated duplicates).
+        let moved: Vec<(TxId, Transaction)> = txs
+            .iter()
+            .filter_map(|tx| {
+                relocate(tx).map(|mut t| {
+                    t.retarget(stream);
+                    (tx.id, t)
+                })
+            })
+            .collect();
+        let spans: Vec<u64> = moved.iter().map(|(_, t)| self.planned_span(t)).collect();
+        if !self.room_for(s, &spans) {
+            return Err(LogError::NoSpace { stream });
+        }
+        for (old, t) in moved {
+            let info = self.commit(t)?;
+            report.relocated.push((old, info.ticket));
+            report.transactions_relocated += 1;
         }
         let free_before = self.free_segments();
         self.sync()?;

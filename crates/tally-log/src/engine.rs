@@ -584,6 +584,39 @@ impl Log {
         deps
     }
 
+    /// Blocks `tx` will take when committed in an ordered or count mode (an upper bound: every
+    /// dependency counted, even those that will be dropped as already durable).
+    pub(crate) fn planned_span(&self, tx: &Transaction) -> u64 {
+        use crate::format::body::{BODY_HEADER_SIZE, DEP_SIZE, RECORD_LEN_SIZE};
+        let body_len = BODY_HEADER_SIZE
+            + tx.deps.len() * DEP_SIZE
+            + tx.data.len() * 4
+            + tx.records.iter().map(|r| RECORD_LEN_SIZE + r.len()).sum::<usize>();
+        let units = body_len.div_ceil(payload_capacity(self.block_size)).max(1);
+        (units + tx.data.len()) as u64
+    }
+
+    /// Whether spans of `spans` blocks, committed in this order on stream `s` now, fit without
+    /// running out of segments.
+    pub(crate) fn room_for(&self, s: usize, spans: &[u64]) -> bool {
+        let st = lock(&self.streams[s]);
+        let free = u64::from(lock(&self.space).free_count());
+        let seg = u64::from(self.segment_blocks);
+        let mut at = u64::from(st.offset);
+        let mut switches = 0;
+        for &span in spans {
+            if span > seg {
+                return false;
+            }
+            if at + span > seg {
+                switches += 1;
+                at = 0;
+            }
+            at += span;
+        }
+        switches <= free
+    }
+
     pub(crate) fn segment_start(&self, segment: u32) -> u64 {
         self.first_segment_block + u64::from(segment) * u64::from(self.segment_blocks)
     }

@@ -244,3 +244,24 @@ fn cleaning_relocates_live_records_and_frees_segments() {
     let (_log, r) = reopen(&dev);
     assert_eq!(records(&r, 0), ["r8", "r9", "r10", "r11", "r3", "r5"]);
 }
+
+#[test]
+fn cleaning_that_does_not_fit_changes_nothing() {
+    // 2 streams, 5 segments of 4 blocks: stream 0 fills its own two and the free one.
+    let dev = fresh(2 + 5 * 4, 2, 4);
+    let (log, _) = reopen(&dev);
+    let mut n = 0;
+    while log.commit_durable(tx(0, &format!("r{n}"))).is_ok() {
+        n += 1;
+    }
+    let relocate_all = |t: &tally_log::RecoveredTx| {
+        let mut moved = Transaction::new(0);
+        moved.record(t.records[0].clone());
+        Some(moved)
+    };
+    assert!(matches!(log.clean(0, 1, relocate_all), Err(LogError::NoSpace { stream: 0 })));
+    drop(log);
+    let (_log, r) = reopen(&dev);
+    let expect: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
+    assert_eq!(records(&r, 0), expect, "a failed clean must not leave relocated duplicates");
+}

@@ -178,7 +178,12 @@ fn print_report(r: &Report, json: bool) {
     println!("crash points           {}", r.crash_points);
     println!("states checked         {} ({} distinct images)", r.states_checked, r.unique_states);
     println!("recovery crash states  {}", r.recovery_crash_states);
-    println!("every point exhaustive {}", r.all_exhaustive);
+    println!(
+        "every point exhaustive {} ({} of {} passes sampled)",
+        r.all_exhaustive,
+        r.sampled_passes,
+        2 * r.crash_points
+    );
     println!("states per second      {:.0}", r.states_per_sec);
     if let Some(m) = &r.mutant {
         println!("mutant                 {m}");

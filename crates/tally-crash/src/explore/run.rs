@@ -116,6 +116,8 @@ pub struct Report {
     pub violations_by_invariant: BTreeMap<String, u64>,
     /// Whether every crash point was enumerated exhaustively.
     pub all_exhaustive: bool,
+    /// Enumeration passes (untorn, torn) that were sampled rather than exhaustive.
+    pub sampled_passes: u64,
     /// States checked per second of wall time.
     pub states_per_sec: f64,
     /// Wall time.
@@ -299,7 +301,9 @@ impl Explorer {
                     }
                 }
             }
-            self.report.all_exhaustive &= images.report().exhaustive;
+            let exhaustive = images.report().exhaustive;
+            self.report.all_exhaustive &= exhaustive;
+            self.report.sampled_passes += u64::from(!exhaustive);
         }
     }
 
@@ -587,20 +591,24 @@ fn apply(
 fn clean(log: &Log, model: &mut Model) -> Result<(), Violation> {
     let dev = log.device().clone();
     let bs = dev.geometry().block_size as usize;
-    let report = log
-        .clean(0, 1, |t| {
-            let mut moved = Transaction::new(0);
-            for r in &t.records {
-                moved.record(r.clone());
-            }
-            for i in 0..u64::from(t.data_count) {
-                let mut block = vec![0u8; bs];
-                dev.read(t.data_start + i, &mut block).ok()?;
-                moved.data(block);
-            }
-            Some(moved)
-        })
-        .map_err(|e| workload_error(Op::Clean, &e))?;
+    let report = log.clean(0, 1, |t| {
+        let mut moved = Transaction::new(0);
+        for r in &t.records {
+            moved.record(r.clone());
+        }
+        for i in 0..u64::from(t.data_count) {
+            let mut block = vec![0u8; bs];
+            dev.read(t.data_start + i, &mut block).ok()?;
+            moved.data(block);
+        }
+        Some(moved)
+    });
+    let report = match report {
+        Ok(report) => report,
+        // Cleaning a full log may not fit: a clean error, and nothing changed.
+        Err(LogError::NoSpace { .. }) => return Ok(()),
+        Err(e) => return Err(workload_error(Op::Clean, &e)),
+    };
     let Some(upto) = report.checkpointed_seq else { return Ok(()) };
     for (old, new) in &report.relocated {
         if let Some(tx) = model.streams[0].iter().find(|t| t.id == *old).cloned() {
