@@ -50,11 +50,12 @@ fn bounded_exploration_from_an_empty_log_finds_no_violation() {
 
 #[test]
 fn bounded_exploration_from_full_and_wrapped_logs_finds_no_violation() {
-    for start in [Start::NearlyFull, Start::Wrapped] {
+    // A nearly full log refuses most commits (cleanly, with NoSpace): few states, by design.
+    for (start, states_min) in [(Start::NearlyFull, 500), (Start::Wrapped, 10_000)] {
         let r = bounded(2, start, ExploreConfig::default());
         println!("bounded 2, {start:?}: {}", summary(&r));
         assert_eq!(r.violations, 0, "{:#?}", r.first_violation);
-        assert!(r.states_checked > 1_000);
+        assert!(r.states_checked > states_min, "{start:?}: only {} states", r.states_checked);
     }
 }
 
