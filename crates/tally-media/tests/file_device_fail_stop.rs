@@ -1,8 +1,10 @@
 //! After a failed write, a `FileDevice` refuses every later write and flush (fail-stop).
 //!
 //! The failure is real, not injected: `RLIMIT_FSIZE` makes the kernel refuse writes past a byte
-//! limit with EFBIG. The limit is per process, so this behaviour has its own test binary with a
-//! single test.
+//! limit with EFBIG. The limit is per process and applies to *every* regular file the process
+//! writes — including the test harness's output when it is redirected to a file (as CI does) —
+//! so the test re-runs itself as a child process whose output is a pipe, and only the child
+//! lowers the limit.
 
 use std::path::PathBuf;
 
@@ -28,8 +30,30 @@ fn limit_file_size(bytes: u64) {
     assert_eq!(rc, 0, "setrlimit: {}", std::io::Error::last_os_error());
 }
 
+const CHILD_ENV: &str = "TALLY_FAIL_STOP_CHILD";
+
 #[test]
 fn a_failed_write_fails_the_device() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return failed_write_fails_the_device();
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "a_failed_write_fails_the_device", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "child failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("1 passed"), "the child did not run the test:\n{stdout}");
+}
+
+fn failed_write_fails_the_device() {
     let mut files = Vec::new();
     let mut devices = Vec::new();
     for (i, engine) in [Engine::IoUring, Engine::Threads].into_iter().enumerate() {
