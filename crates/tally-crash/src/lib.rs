@@ -8,5 +8,6 @@ pub mod device;
 pub mod explore;
 
 pub use device::{
-    CompletionPolicy, CrashConfig, CrashDevice, CrashImages, CrashOptions, CrashReport, FaultPlan,
+    CompletionPolicy, CrashConfig, CrashDevice, CrashImages, CrashOptions, CrashPoint, CrashReport,
+    FaultPlan,
 };

@@ -27,11 +27,16 @@ pub enum Mutant {
     /// A checkpoint moves the chain's start to the next segment even when transactions after
     /// the checkpointed one remain in its segment.
     CheckpointSkipsSegmentTail,
+    /// Recovery reports a torn transaction at the end of the log as corruption and fails,
+    /// instead of ending the chain before it.
+    TornTailIsCorruption,
+    /// After recovery a stream resumes writing one block too early, over its last survivor.
+    ResumeOverwritesTail,
 }
 
 impl Mutant {
     /// Every mutant, in a fixed order.
-    pub const ALL: [Mutant; 9] = [
+    pub const ALL: [Mutant; 11] = [
         Mutant::NoPrefixCut,
         Mutant::NoDependencyClosure,
         Mutant::CountOffByOne,
@@ -41,6 +46,8 @@ impl Mutant {
         Mutant::EpochBumpNotDurable,
         Mutant::StaleUnitsAccepted,
         Mutant::CheckpointSkipsSegmentTail,
+        Mutant::TornTailIsCorruption,
+        Mutant::ResumeOverwritesTail,
     ];
 
     /// Kebab-case name, as the CLI takes it.
@@ -56,6 +63,8 @@ impl Mutant {
             Mutant::EpochBumpNotDurable => "epoch-bump-not-durable",
             Mutant::StaleUnitsAccepted => "stale-units-accepted",
             Mutant::CheckpointSkipsSegmentTail => "checkpoint-skips-segment-tail",
+            Mutant::TornTailIsCorruption => "torn-tail-is-corruption",
+            Mutant::ResumeOverwritesTail => "resume-overwrites-tail",
         }
     }
 

@@ -204,7 +204,11 @@ impl Log {
                 last_seq: tail,
                 next_seq,
                 segment: scan.end_segment,
-                offset: scan.end_offset,
+                offset: if ctx.mutant(Mutant::ResumeOverwritesTail) && !scan.txs.is_empty() {
+                    scan.end_offset - 1
+                } else {
+                    scan.end_offset
+                },
                 next_segment: scan.next_segment,
                 chain,
                 placed: scan.txs.iter().map(|t| t.1).collect(),
@@ -398,12 +402,15 @@ fn try_tx(
     let mut body = Vec::new();
     for (i, block) in all.chunks_exact(bs).take(h.unit_count as usize).enumerate() {
         let at = first + i as u64;
-        let Ok((u, payload)) = UnitHeader::decode(&sb.uuid, block, at, check_crc) else {
+        let whole = UnitHeader::decode(&sb.uuid, block, at, check_crc).ok().filter(|(u, _)| {
+            u.same_transaction(&h) && u.unit_index == i as u32 && u.kind == UnitKind::Body
+        });
+        let Some((_, payload)) = whole else {
+            if ctx.mutant(Mutant::TornTailIsCorruption) {
+                return Err(corrupted("log unit", at, "torn transaction (mutant)"));
+            }
             return Ok(None);
         };
-        if !u.same_transaction(&h) || u.unit_index != i as u32 || u.kind != UnitKind::Body {
-            return Ok(None);
-        }
         body.extend_from_slice(payload);
     }
     let Ok(body) = Body::decode(&body, first) else { return Ok(None) };

@@ -218,12 +218,39 @@ impl CrashDevice {
     /// documentation). The iterator works on a snapshot and does not hold the device.
     #[must_use]
     pub fn crash_images(&self, options: CrashOptions) -> CrashImages {
-        let plan = {
-            let state = self.lock();
-            Plan::new(state.durable.clone(), state.uncertain(), &options)
-        };
+        self.crash_point().crash_images(options)
+    }
+
+    /// The device's state at this instant, frozen: what a crash right now could leave, to be
+    /// enumerated later (e.g. at every device operation inside one call of the layer above).
+    #[must_use]
+    pub fn crash_point(&self) -> CrashPoint {
+        let state = self.lock();
+        CrashPoint { durable: state.durable.clone(), uncertain: state.uncertain(), seed: self.seed }
+    }
+}
+
+/// A frozen crash state of a [`CrashDevice`]: its durable image and its uncertain writes.
+#[derive(Debug, Clone)]
+pub struct CrashPoint {
+    durable: Image,
+    uncertain: Vec<fate::BlockWrite>,
+    seed: u64,
+}
+
+impl CrashPoint {
+    /// The distinct images a crash at this point can leave (see [`CrashDevice::crash_images`]).
+    #[must_use]
+    pub fn crash_images(&self, options: CrashOptions) -> CrashImages {
+        let plan = Plan::new(self.durable.clone(), self.uncertain.clone(), &options);
         let seed = options.seed.unwrap_or_else(|| derive_sampler_seed(self.seed));
         CrashImages::new(plan, &options, seed)
+    }
+
+    /// Uncertain block writes at this point.
+    #[must_use]
+    pub fn uncertain_count(&self) -> usize {
+        self.uncertain.len()
     }
 }
 

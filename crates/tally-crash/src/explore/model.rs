@@ -125,13 +125,15 @@ impl Model {
         let bs = dev.geometry().block_size as usize;
         let mut survived: Vec<BTreeSet<u64>> = vec![BTreeSet::new(); self.streams.len()];
         for (s, (list, got)) in self.streams.iter().zip(&rec.streams).enumerate() {
-            let by_tag: BTreeMap<u64, &ModelTx> = list.iter().map(|t| (t.tag, t)).collect();
+            // Matched by sequence number, then compared by tag: a relocated copy (cleaning)
+            // carries its original's tag under a new sequence number.
+            let by_seq: BTreeMap<u64, &ModelTx> = list.iter().map(|t| (t.id.seq, t)).collect();
             for (i, tx) in got.txs.iter().enumerate() {
                 let tag =
                     tx.records.first().and_then(|r| r.get(..8)).map_or(u64::MAX, |b| {
                         u64::from_le_bytes(b.try_into().unwrap_or([0xFF; 8]))
                     });
-                let Some(model) = by_tag.get(&tag) else {
+                let Some(model) = by_seq.get(&tx.id.seq).filter(|m| m.tag == tag) else {
                     let what = if self.lost.contains(&tag) {
                         "a discarded transaction came back"
                     } else {

@@ -10,7 +10,7 @@ use tally_media::{Device, Geometry, Image, MemDevice};
 
 use super::model::{survivor_tags, Invariant, Model, ModelTx, Violation};
 use super::workload::{Op, Workload};
-use crate::{CrashConfig, CrashDevice, CrashOptions, FaultPlan};
+use crate::{CrashConfig, CrashDevice, CrashOptions, CrashPoint, FaultPlan};
 
 /// The image a workload starts from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -46,6 +46,9 @@ pub struct ExploreConfig {
     pub branch_max: usize,
     /// Also crash inside every recovery.
     pub recovery_crashes: bool,
+    /// Also crash between the device operations inside each op (after every submit, wait and
+    /// flush the op makes), not only between ops.
+    pub crash_inside_ops: bool,
     /// A deliberately broken protocol variant.
     pub mutant: Option<Mutant>,
     /// Drives every random choice.
@@ -69,6 +72,7 @@ impl Default for ExploreConfig {
             },
             branch_max: 6,
             recovery_crashes: true,
+            crash_inside_ops: true,
             mutant: None,
             seed: 1,
             stop_at_first: false,
@@ -102,8 +106,10 @@ pub struct FirstViolation {
 pub struct Report {
     /// Workloads run.
     pub workloads: u64,
-    /// Persistence points crashed at.
+    /// Persistence points crashed at (between ops and, with `crash_inside_ops`, inside them).
     pub crash_points: u64,
+    /// Of those, points inside an op.
+    pub crash_points_inside_ops: u64,
     /// Post-crash images recovered and judged.
     pub states_checked: u64,
     /// Distinct images among them.
@@ -193,7 +199,8 @@ impl Explorer {
     pub fn run(&mut self, workload: &Workload, start: Start, branch_all: bool) {
         self.report.workloads += 1;
         let (image, model) = self.start_state(start);
-        let dev = Arc::new(CrashDevice::from_image(image, CrashConfig::with_seed(self.cfg.seed)));
+        let dev =
+            Recording::new(CrashDevice::from_image(image, CrashConfig::with_seed(self.cfg.seed)));
         let log = match Log::open(dev.clone(), self.open_options()) {
             Ok((log, _)) => log,
             Err(e) => {
@@ -218,7 +225,7 @@ impl Explorer {
         workload: &Workload,
         start: Start,
         first_op: usize,
-        dev: &Arc<CrashDevice>,
+        dev: &Arc<Recording>,
         log: Log,
         mut model: Model,
         branch_all: bool,
@@ -229,14 +236,14 @@ impl Explorer {
             if op == Op::Crash {
                 drop(log);
                 let mut images: Vec<Image> =
-                    dev.crash_images(self.crash_options(workload, start, i)).collect();
+                    dev.inner.crash_images(self.crash_options(workload, start, i)).collect();
                 rng.shuffle(&mut images);
                 images.truncate(if branch_all { self.cfg.branch_max } else { 1 });
                 for image in images {
                     if self.done() {
                         return;
                     }
-                    let next = Arc::new(CrashDevice::from_image(
+                    let next = Recording::new(CrashDevice::from_image(
                         image,
                         CrashConfig::with_seed(rng.u64(..)),
                     ));
@@ -249,13 +256,31 @@ impl Explorer {
                 }
                 return;
             }
-            if let Err(v) =
-                apply(&log, op, &mut model, self.cfg.block_size, self.cfg.segment_blocks)
-            {
+            let before = model.clone();
+            dev.set_recording(self.cfg.crash_inside_ops);
+            let applied = apply(&log, op, &mut model, self.cfg.block_size, self.cfg.segment_blocks);
+            let inside = dev.take_points();
+            if let Err(v) = applied {
                 self.record(at, v);
                 return;
             }
-            self.check_point(dev, &model, at);
+            if !inside.is_empty() {
+                let candidates = inside_candidates(&before, &model);
+                let mut seen = HashSet::new();
+                for point in &inside {
+                    self.report.crash_points_inside_ops += 1;
+                    self.check_point(point, &candidates, at, &mut seen);
+                    if self.done() {
+                        return;
+                    }
+                }
+            }
+            self.check_point(
+                &dev.inner.crash_point(),
+                std::slice::from_ref(&model),
+                at,
+                &mut HashSet::new(),
+            );
             if self.done() {
                 return;
             }
@@ -278,15 +303,20 @@ impl Explorer {
     /// Every crash image at this point, recovered and judged: first every untorn image
     /// (exhaustive up to 12 uncertain writes), then the torn ones (exhaustive while they number
     /// at most `crash.exhaustive_images_max`, sampled beyond), each distinct image once.
-    fn check_point(&mut self, dev: &CrashDevice, model: &Model, at: At<'_>) {
+    fn check_point(
+        &mut self,
+        point: &CrashPoint,
+        models: &[Model],
+        at: At<'_>,
+        seen: &mut HashSet<u64>,
+    ) {
         self.report.crash_points += 1;
         let torn = self.crash_options(at.workload, at.start, at.op_index);
         let untorn =
             CrashOptions { tearing: false, exhaustive_images_max: 1 << 16, ..torn.clone() };
         let passes = if torn.tearing { vec![untorn, torn] } else { vec![untorn] };
-        let mut seen = HashSet::new();
         for options in passes {
-            let mut images = dev.crash_images(options);
+            let mut images = point.crash_images(options);
             for image in images.by_ref() {
                 let hash = image_hash(&image);
                 if !seen.insert(hash) {
@@ -294,7 +324,7 @@ impl Explorer {
                 }
                 self.report.states_checked += 1;
                 self.unique.insert(hash);
-                if let Err(v) = self.check_image(&image, model) {
+                if let Err(v) = self.check_image(&image, models) {
                     self.record(at, v);
                     if self.done() {
                         return;
@@ -307,10 +337,49 @@ impl Explorer {
         }
     }
 
-    fn check_image(&mut self, image: &Image, model: &Model) -> Result<(), Violation> {
+    /// Judge one image: it must be a legal outcome of at least one of `models` (one model
+    /// between ops; inside an op, each state the op could have reached), then pass I5–I7.
+    fn check_image(&mut self, image: &Image, models: &[Model]) -> Result<(), Violation> {
         let mem = Arc::new(MemDevice::from_image(image.clone()));
         let rec = self.recover(mem.clone())?;
-        model.check(&rec, &*mem)?;
+        let mut first_error = None;
+        for model in models {
+            match model.check(&rec, &*mem) {
+                Ok(()) => {
+                    first_error = None;
+                    break;
+                }
+                Err(v) => {
+                    first_error.get_or_insert(v);
+                }
+            }
+        }
+        if let Some(v) = first_error {
+            if std::env::var_os("TALLY_EXPLORE_DEBUG").is_some() {
+                eprintln!(
+                    "survivors: {:?}",
+                    super::model::survivor_tags(&rec)
+                        .iter()
+                        .map(|s| s.iter().map(|r| r.first().copied()).collect::<Vec<_>>())
+                        .collect::<Vec<_>>()
+                );
+                for m in models {
+                    eprintln!(
+                        "candidate: {:?} ckpt {:?}",
+                        m.streams
+                            .iter()
+                            .map(|l| l
+                                .iter()
+                                .map(|t| (t.tag, t.id.seq, t.acked))
+                                .collect::<Vec<_>>())
+                            .collect::<Vec<_>>(),
+                        m.checkpoint
+                    );
+                    eprintln!("   -> {:?}", m.check(&rec, &*mem).err().map(|e| e.message));
+                }
+            }
+            return Err(v);
+        }
         // I6: recovering the recovered device changes nothing.
         let again = self.recover(mem.clone())?;
         if survivor_tags(&again) != survivor_tags(&rec) {
@@ -488,6 +557,87 @@ impl Explorer {
         }
         drop(log);
         (mem.image(), model)
+    }
+}
+
+/// The states a crash inside an op may leave, as models judged with what was acknowledged
+/// before the op (nothing the op does is acknowledged until it returns): the op done; the op
+/// not done; the op's new transactions present without the checkpoint it ends with (`k`, `g`).
+fn inside_candidates(before: &Model, after: &Model) -> Vec<Model> {
+    let acked: HashSet<u64> =
+        before.streams.iter().flatten().filter(|t| t.acked).map(|t| t.tag).collect();
+    let mut done = after.clone();
+    for tx in done.streams.iter_mut().flatten() {
+        tx.acked = acked.contains(&tx.tag);
+    }
+    let mut added = before.clone();
+    for (s, list) in after.streams.iter().enumerate() {
+        for tx in list.iter().filter(|t| !before.streams[s].iter().any(|b| b.id == t.id)) {
+            added.streams[s].push(ModelTx { acked: false, ..tx.clone() });
+        }
+    }
+    vec![done, before.clone(), added]
+}
+
+/// The live device of a workload: a crash device that can freeze a crash point after every
+/// submit, wait and flush, so crashes inside one op of the layer above can be explored.
+struct Recording {
+    inner: CrashDevice,
+    points: std::sync::Mutex<Option<Vec<CrashPoint>>>,
+}
+
+impl Recording {
+    fn new(inner: CrashDevice) -> Arc<Self> {
+        Arc::new(Recording { inner, points: std::sync::Mutex::new(None) })
+    }
+
+    fn set_recording(&self, on: bool) {
+        *self.lock() = on.then(Vec::new);
+    }
+
+    fn take_points(&self) -> Vec<CrashPoint> {
+        self.lock().take().unwrap_or_default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Vec<CrashPoint>>> {
+        self.points.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn freeze(&self) {
+        if let Some(points) = self.lock().as_mut() {
+            points.push(self.inner.crash_point());
+        }
+    }
+}
+
+impl Device for Recording {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    fn read(&self, block: u64, buf: &mut [u8]) -> tally_media::Result<()> {
+        self.inner.read(block, buf)
+    }
+    fn submit(
+        &self,
+        writes: Vec<tally_media::Write>,
+        flags: tally_media::WriteFlags,
+    ) -> tally_media::Result<tally_media::Ticket> {
+        let t = self.inner.submit(writes, flags);
+        self.freeze();
+        t
+    }
+    fn wait(&self, ticket: tally_media::Ticket) -> tally_media::Result<()> {
+        let r = self.inner.wait(ticket);
+        self.freeze();
+        r
+    }
+    fn flush(&self) -> tally_media::Result<()> {
+        let r = self.inner.flush();
+        self.freeze();
+        r
+    }
+    fn stats(&self) -> tally_media::DeviceStats {
+        self.inner.stats()
     }
 }
 
