@@ -50,6 +50,9 @@ pub struct TxOptions {
     pub modes: Vec<CommitMode>,
     /// Committing threads; thread `i` uses stream `i % streams`.
     pub threads: u16,
+    /// Streams of the log; `None`: max(threads, 2), one per thread. Fewer streams than threads
+    /// make threads share a stream, which is where consecutive commits get merged (RIO).
+    pub streams: Option<u16>,
     /// Data blocks per transaction.
     pub blocks: u32,
     /// Length of each timed run.
@@ -71,6 +74,7 @@ impl Default for TxOptions {
             size_bytes: 4 << 30,
             modes: CommitMode::ALL.to_vec(),
             threads: 1,
+            streams: None,
             blocks: 1,
             seconds: 5.0,
             runs: 3,
@@ -279,7 +283,7 @@ pub fn run(options: &TxOptions, progress: &dyn Fn(&str)) -> Result<TxReport, Ben
             force: false,
         },
     )?;
-    let streams = options.threads.max(2);
+    let streams = options.streams.unwrap_or(options.threads.max(2)).max(1);
     let mut runs: Vec<Vec<TxRun>> = vec![Vec::new(); options.modes.len()];
     let mut device_shape = (false, String::new());
     for r in 1..=options.runs {

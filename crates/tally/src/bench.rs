@@ -33,9 +33,13 @@ pub struct TxArgs {
     /// Commit modes to compare, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "classic,count,ordered,orderless")]
     modes: Vec<CommitMode>,
-    /// Committing threads (each on its own stream; the log has max(threads, 2) streams).
+    /// Committing threads; thread i commits on stream i % streams.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     threads: u16,
+    /// Streams of the log (default: max(threads, 2), one per thread). Fewer streams than threads
+    /// make threads share streams, where queued commits are merged into one write.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=63))]
+    streams: Option<u16>,
     /// Data blocks (4 KiB) per transaction, besides one small record.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
     blocks: u32,
@@ -95,6 +99,7 @@ pub fn run(cmd: &Command) -> ExitCode {
                 size_bytes: a.size,
                 modes: a.modes.clone(),
                 threads: a.threads,
+                streams: a.streams,
                 blocks: a.blocks,
                 seconds: a.seconds,
                 runs: a.runs,
