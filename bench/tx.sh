@@ -95,6 +95,8 @@ done
 for t in 1 2 3 4 5 6 7 8; do
   tx "c-${t}x1" --threads "$t" --blocks 1 --modes count
 done
+# (e) 8 threads sharing 2 streams: queued commits of a stream are merged into one write (RIO).
+tx e-8x1-2streams --threads 8 --streams 2 --blocks 1 --modes count,ordered,orderless
 rm -f "$FILE"
 # (d) recovery scan of a full log.
 run d-recovery bench recovery --path "$RFILE" --log-mib "$LOG_MIB" --runs "$RUNS"

@@ -50,6 +50,7 @@ a = load("a-1x1")
 bs = [(b, load(f"b-1x{b}")) for b in (1, 2, 4, 8, 16)]
 cs = [(t, load(f"c-{t}x1")) for t in range(1, 9)]
 d = load("d-recovery")
+e = load("e-8x1-2streams")
 with open(os.path.join(data_dir, "commands.txt")) as f:
     commands = [line.rstrip("\n") for line in f if line.strip()]
 with open(os.path.join(data_dir, "load.txt")) as f:
@@ -216,6 +217,28 @@ else:
       f"({reads_per_segment:.1f} requests per segment, {read_ratio:.2f}× the log's bytes read); "
       f"each stream thread spends about {per_read_us / 1000:.1f} ms per request, reading and "
       f"parsing included, and {d['streams']} streams scanned in parallel give {rate:.0f} MB/s.")
+w("")
+
+w("## (e) 8 threads sharing 2 streams: merging")
+w("")
+w("Four threads commit on each stream. While one thread submits a stream's queued "
+  "transactions, the others queue theirs behind it; the next submission takes them all as one "
+  "write (RIO's merging of consecutive ordered requests). `orderless` submits every "
+  "transaction on its own.")
+w("")
+w(HEAD)
+w(SEP)
+for m in e["modes"]:
+    w(mode_row(m))
+w("")
+w("| ratio (same invocation) | of medians | per run, min–max |")
+w("|---|--:|--:|")
+for r in e["ratios"]:
+    w(f"| {r['name']} | {r['of_medians']:.2f}× | {r['per_run']['min']:.2f}–{r['per_run']['max']:.2f} |")
+eo = mode(e, "ordered")
+w("")
+w(f"`ordered` made {1 / eo['submissions_per_tx']['median']:.0f} transactions per submission "
+  f"(median).")
 w("")
 
 w("## Targets")
