@@ -735,7 +735,8 @@ impl Log {
         loop {
             self.drive(s)?;
             let mut st = lock(&self.streams[s]);
-            while st.submitting || st.direct_submits > 0 {
+            let untracked = self.mutant(Mutant::OrderlessSubmitUntracked);
+            while st.submitting || (st.direct_submits > 0 && !untracked) {
                 self.check_failed()?;
                 st = self.stream_cv[s].wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
             }

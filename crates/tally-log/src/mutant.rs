@@ -32,11 +32,14 @@ pub enum Mutant {
     TornTailIsCorruption,
     /// After recovery a stream resumes writing one block too early, over its last survivor.
     ResumeOverwritesTail,
+    /// A flush round does not wait for orderless commits that are being submitted, so it can
+    /// declare them durable before their write exists. A race: only a concurrent test sees it.
+    OrderlessSubmitUntracked,
 }
 
 impl Mutant {
     /// Every mutant, in a fixed order.
-    pub const ALL: [Mutant; 11] = [
+    pub const ALL: [Mutant; 12] = [
         Mutant::NoPrefixCut,
         Mutant::NoDependencyClosure,
         Mutant::CountOffByOne,
@@ -48,6 +51,7 @@ impl Mutant {
         Mutant::CheckpointSkipsSegmentTail,
         Mutant::TornTailIsCorruption,
         Mutant::ResumeOverwritesTail,
+        Mutant::OrderlessSubmitUntracked,
     ];
 
     /// Kebab-case name, as the CLI takes it.
@@ -65,7 +69,15 @@ impl Mutant {
             Mutant::CheckpointSkipsSegmentTail => "checkpoint-skips-segment-tail",
             Mutant::TornTailIsCorruption => "torn-tail-is-corruption",
             Mutant::ResumeOverwritesTail => "resume-overwrites-tail",
+            Mutant::OrderlessSubmitUntracked => "orderless-submit-untracked",
         }
+    }
+
+    /// Whether the race needs several threads to show: the single-threaded crash explorer
+    /// cannot catch it; `tests/log_concurrency.rs` in `tally-crash` does.
+    #[must_use]
+    pub fn needs_concurrency(self) -> bool {
+        matches!(self, Mutant::OrderlessSubmitUntracked)
     }
 
     /// Parse a kebab-case name.

@@ -90,7 +90,12 @@ pub fn run(cmd: &Command) -> ExitCode {
     let Command::Log(args) = cmd;
     if args.list_mutants {
         for m in Mutant::ALL {
-            println!("{}", m.name());
+            let note = if m.needs_concurrency() {
+                "  (a race: run the concurrency test, not the explorer)"
+            } else {
+                ""
+            };
+            println!("{}{note}", m.name());
         }
         if !tally_log::mutants_available() {
             eprintln!(

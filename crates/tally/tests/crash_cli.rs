@@ -46,7 +46,7 @@ fn bad_input_exits_2() {
 fn list_mutants_names_all() {
     let (code, out, _) = tally(&["crash", "log", "--list-mutants"]);
     assert_eq!(code, 0);
-    assert_eq!(out.lines().count(), 11);
+    assert_eq!(out.lines().count(), 12);
     assert!(out.contains("no-epoch-bump"));
 }
 

@@ -247,6 +247,13 @@ impl CrashPoint {
         CrashImages::new(plan, &options, seed)
     }
 
+    /// What survives if a crash at this point loses every uncertain write: the worst case for
+    /// anything acknowledged as durable.
+    #[must_use]
+    pub fn durable_image(&self) -> &Image {
+        &self.durable
+    }
+
     /// Uncertain block writes at this point.
     #[must_use]
     pub fn uncertain_count(&self) -> usize {
