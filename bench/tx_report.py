@@ -29,6 +29,14 @@ def ratio(report, name):
     raise KeyError(name)
 
 
+def ratio_table(report):
+    w("| ratio (same invocation) | of medians | per run, min–max |")
+    w("|---|--:|--:|")
+    for r in report["ratios"]:
+        w(f"| {r['name']} | {r['of_medians']:.2f}× "
+          f"| {r['per_run']['min']:.2f}–{r['per_run']['max']:.2f} |")
+
+
 def spread(s, fmt="{:.0f}"):
     return f"{fmt.format(s['median'])} [{fmt.format(s['min'])}–{fmt.format(s['max'])}]"
 
@@ -137,10 +145,7 @@ w(SEP)
 for m in a["modes"]:
     w(mode_row(m))
 w("")
-w("| ratio (same invocation) | of medians | per run, min–max |")
-w("|---|--:|--:|")
-for r in a["ratios"]:
-    w(f"| {r['name']} | {r['of_medians']:.2f}× | {r['per_run']['min']:.2f}–{r['per_run']['max']:.2f} |")
+ratio_table(a)
 count1 = mode(a, "count")["tx_per_sec"]["median"]
 w("")
 w(f"count reaches {count1 / p['ceiling_tx_per_sec']:.2f}× the probe's one-flush-per-commit "
@@ -231,10 +236,7 @@ w(SEP)
 for m in e["modes"]:
     w(mode_row(m))
 w("")
-w("| ratio (same invocation) | of medians | per run, min–max |")
-w("|---|--:|--:|")
-for r in e["ratios"]:
-    w(f"| {r['name']} | {r['of_medians']:.2f}× | {r['per_run']['min']:.2f}–{r['per_run']['max']:.2f} |")
+ratio_table(e)
 eo = mode(e, "ordered")
 w("")
 w(f"`ordered` made {1 / eo['submissions_per_tx']['median']:.0f} transactions per submission "

@@ -217,7 +217,6 @@ pub(crate) struct Stream {
     pub inflight: Vec<(u64, u64, Ticket)>,
     /// Every transaction with seq <= durable is on stable media.
     pub durable: u64,
-    pub root: StreamRoot,
 }
 
 pub(crate) struct SbState {
@@ -761,7 +760,8 @@ impl Log {
         let mut sbs = lock(&self.sb);
         let (root, freed) = {
             let mut st = lock(&self.streams[s]);
-            if seq <= st.root.checkpoint_seq {
+            let current = sbs.sb.streams[s];
+            if seq <= current.checkpoint_seq {
                 return Ok(());
             }
             let Some(p) = st.placed.iter().find(|p| p.seq == seq).copied() else {
@@ -795,9 +795,8 @@ impl Log {
                 checkpoint_segment: segment,
                 checkpoint_offset: offset,
                 checkpoint_next_segment: next,
-                ..st.root
+                ..current
             };
-            st.root = root;
             let mut freed = Vec::new();
             while st.chain.front().is_some_and(|&seg| seg != segment) {
                 freed.extend(st.chain.pop_front());

@@ -217,7 +217,6 @@ impl Log {
                 direct_submits: 0,
                 inflight: Vec::new(),
                 durable: tail,
-                root: new_root,
             });
             report.push(StreamRecovery {
                 txs: scan.txs.into_iter().map(|t| t.0).collect(),
@@ -295,7 +294,8 @@ fn scan_stream(ctx: &Ctx<'_>, s: u16) -> Result<Scan> {
         };
         let found = match found {
             Some(f) => Some(f),
-            None if scan.next_segment != root.checkpoint_segment || scan.chain.len() == 1 => {
+            // A chain never comes back to a segment it holds: that would be a cycle.
+            None if !scan.chain.contains(&scan.next_segment) => {
                 let next = scan.next_segment;
                 let f = try_tx(ctx, &mut cache, s, next, 0, last, root, &mut scan)?.filter(|h| {
                     h.0.next_segment != next && h.0.next_segment < ctx.sb.segment_count

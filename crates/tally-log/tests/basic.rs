@@ -139,7 +139,7 @@ fn dependencies_are_recorded_until_durable() {
 }
 
 #[test]
-fn group_commit_shares_flushes_between_threads() {
+fn parallel_durable_commits_all_survive_with_at_most_one_flush_each() {
     let dev = fresh(4096, 2, 64);
     let (log, _) = reopen(&dev);
     let log = Arc::new(log);

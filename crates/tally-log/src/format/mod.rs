@@ -13,9 +13,6 @@ pub mod unit;
 /// Format version written by this code and the only one it reads.
 pub const FORMAT_VERSION: u16 = 1;
 
-/// Marks "no segment".
-pub const SEGMENT_NONE: u32 = u32::MAX;
-
 /// crc32c over `parts`, seeded with the image's uuid so that blocks of another image (or bytes a
 /// user wrote that imitate a unit) never pass the check.
 #[must_use]

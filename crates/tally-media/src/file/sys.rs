@@ -10,26 +10,20 @@ use crate::{Counters, MediaError};
 /// Largest byte count Linux moves in one read or write call (`MAX_RW_COUNT`).
 pub(crate) const RW_COUNT_MAX: usize = 0x7fff_f000;
 
-/// `BLKGETSIZE64` = `_IOR(0x12, 114, size_t)`; libc does not export it.
-#[cfg(any(
+/// `BLKGETSIZE64` = `_IOR(0x12, 114, size_t)`; libc does not export it. These architectures
+/// put the "read" direction in bit 30 instead of bit 31.
+const BLKGETSIZE64: u64 = if cfg!(any(
     target_arch = "powerpc",
     target_arch = "powerpc64",
     target_arch = "mips",
     target_arch = "mips64",
     target_arch = "sparc",
     target_arch = "sparc64"
-))]
-const BLKGETSIZE64: u64 = 0x4008_1272;
-/// `BLKGETSIZE64` = `_IOR(0x12, 114, size_t)`; libc does not export it.
-#[cfg(not(any(
-    target_arch = "powerpc",
-    target_arch = "powerpc64",
-    target_arch = "mips",
-    target_arch = "mips64",
-    target_arch = "sparc",
-    target_arch = "sparc64"
-)))]
-const BLKGETSIZE64: u64 = 0x8008_1272;
+)) {
+    0x4008_1272
+} else {
+    0x8008_1272
+};
 
 /// Logical block size and size in bytes of the block device open as `file`.
 pub(crate) fn block_device_shape(file: &File) -> crate::Result<(u32, u64)> {
