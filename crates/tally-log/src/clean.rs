@@ -8,7 +8,7 @@
 
 use crate::engine::{lock, SegmentUsage};
 use crate::recover::read_transactions;
-use crate::{Log, LogError, RecoveredTx, Result, Transaction, TxId};
+use crate::{CommitInfo, Log, LogError, RecoveredTx, Result, Transaction, TxId};
 
 /// What [`Log::clean`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -16,8 +16,9 @@ pub struct CleanReport {
     /// The last transaction checkpointed by the cleaning (everything up to it is gone from the
     /// log), if anything was cleaned.
     pub checkpointed_seq: Option<u64>,
-    /// Each relocated transaction and the transaction that now carries its records.
-    pub relocated: Vec<(TxId, TxId)>,
+    /// Each relocated transaction and where the transaction that now carries its records
+    /// landed (its data blocks are at `data_start + index` of the hook's new transaction).
+    pub relocated: Vec<(TxId, CommitInfo)>,
     /// Transactions read from the cleaned segments.
     pub transactions_read: u64,
     /// Transactions the hook asked to re-commit.
@@ -75,7 +76,7 @@ impl Log {
 
     /// Clean the `segments` oldest segments of `stream`'s chain (never its current one): read
     /// every transaction in them, let `relocate` say what to re-commit (`None`: nothing of it is
-    /// live), re-commit that on the same stream, make it durable, then checkpoint past the
+    /// live; an error stops the cleaning before anything is written), re-commit that on the same stream, make it durable, then checkpoint past the
     /// cleaned transactions so their segments are freed.
     ///
     /// # Errors
@@ -84,7 +85,7 @@ impl Log {
     /// still take the space in between), and errors the commits of the relocations return.
     pub fn clean<F>(&self, stream: u16, segments: usize, mut relocate: F) -> Result<CleanReport>
     where
-        F: FnMut(&RecoveredTx) -> Option<Transaction>,
+        F: FnMut(&RecoveredTx) -> Result<Option<Transaction>>,
     {
         let s = usize::from(stream);
         let st =
@@ -108,22 +109,20 @@ impl Log {
         report.transactions_read = txs.len() as u64;
         // Plan every relocation first: either all of them fit, or nothing is written and the
         // caller gets NoSpace with the log as it was (no half-relocated duplicates).
-        let moved: Vec<(TxId, Transaction)> = txs
-            .iter()
-            .filter_map(|tx| {
-                relocate(tx).map(|mut t| {
-                    t.retarget(stream);
-                    (tx.id, t)
-                })
-            })
-            .collect();
+        let mut moved: Vec<(TxId, Transaction)> = Vec::new();
+        for tx in &txs {
+            if let Some(mut t) = relocate(tx)? {
+                t.retarget(stream);
+                moved.push((tx.id, t));
+            }
+        }
         let spans: Vec<u64> = moved.iter().map(|(_, t)| self.planned_span(t)).collect();
         if !self.room_for(s, &spans) {
             return Err(LogError::NoSpace { stream });
         }
         for (old, t) in moved {
             let info = self.commit(t)?;
-            report.relocated.push((old, info.ticket));
+            report.relocated.push((old, info));
             report.transactions_relocated += 1;
         }
         let free_before = self.free_segments();

@@ -145,7 +145,7 @@ impl Transaction {
 }
 
 /// Where a committed transaction landed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct CommitInfo {
     /// Names the transaction; pass it to [`Log::wait_durable`] or to `depend_on`.
     pub ticket: TxId,

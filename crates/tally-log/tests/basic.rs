@@ -230,11 +230,11 @@ fn cleaning_relocates_live_records_and_frees_segments() {
     let report = log
         .clean(0, 1, |t| {
             let name = String::from_utf8_lossy(&t.records[0]).into_owned();
-            (name == "r3" || name == "r5").then(|| {
+            Ok((name == "r3" || name == "r5").then(|| {
                 let mut moved = Transaction::new(0);
                 moved.record(t.records[0].clone());
                 moved
-            })
+            }))
         })
         .unwrap();
     assert_eq!((report.transactions_read, report.transactions_relocated), (8, 2));
@@ -257,7 +257,7 @@ fn cleaning_that_does_not_fit_changes_nothing() {
     let relocate_all = |t: &tally_log::RecoveredTx| {
         let mut moved = Transaction::new(0);
         moved.record(t.records[0].clone());
-        Some(moved)
+        Ok(Some(moved))
     };
     assert!(matches!(log.clean(0, 1, relocate_all), Err(LogError::NoSpace { stream: 0 })));
     drop(log);

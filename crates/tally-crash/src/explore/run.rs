@@ -748,10 +748,10 @@ fn clean(log: &Log, model: &mut Model) -> Result<(), Violation> {
         }
         for i in 0..u64::from(t.data_count) {
             let mut block = vec![0u8; bs];
-            dev.read(t.data_start + i, &mut block).ok()?;
+            dev.read(t.data_start + i, &mut block)?;
             moved.data(block);
         }
-        Some(moved)
+        Ok(Some(moved))
     });
     let report = match report {
         Ok(report) => report,
@@ -762,7 +762,7 @@ fn clean(log: &Log, model: &mut Model) -> Result<(), Violation> {
     let Some(upto) = report.checkpointed_seq else { return Ok(()) };
     for (old, new) in &report.relocated {
         if let Some(tx) = model.streams[0].iter().find(|t| t.id == *old).cloned() {
-            model.streams[0].push(ModelTx { id: *new, deps: Vec::new(), ..tx });
+            model.streams[0].push(ModelTx { id: new.ticket, deps: Vec::new(), ..tx });
         }
     }
     model.ack_all(); // cleaning syncs before it checkpoints
