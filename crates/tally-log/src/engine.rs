@@ -382,6 +382,12 @@ impl Log {
         self.streams.get(usize::from(stream)).map_or(0, |s| lock(s).durable)
     }
 
+    /// Blocks per segment.
+    #[must_use]
+    pub fn segment_blocks(&self) -> u32 {
+        self.segment_blocks
+    }
+
     /// Free segments left.
     #[must_use]
     pub fn free_segments(&self) -> u32 {

@@ -1,0 +1,158 @@
+//! `fsck`: verify every checksum and every cross-reference of a mounted file system.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::fs::lock;
+use crate::types::{FileKind, Ino, ROOT};
+use crate::Fs;
+
+/// What [`Fs::fsck`] found. `problems` empty means clean.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct FsckReport {
+    /// Inodes checked.
+    pub inodes: u64,
+    /// Directory entries checked.
+    pub entries: u64,
+    /// Data blocks read and checked against their crc.
+    pub data_blocks: u64,
+    /// Each problem, in words.
+    pub problems: Vec<String>,
+}
+
+impl FsckReport {
+    /// No problem found.
+    #[must_use]
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+impl Fs {
+    /// Verify the file system: every data block's crc (read from the device unless still
+    /// cached), link counts against the entries naming each inode, directory entries against
+    /// their inodes, parents, reachability from the root, sizes against blocks, symlink sizes,
+    /// and that no two blocks share a device block.
+    #[must_use]
+    pub fn fsck(&self) -> FsckReport {
+        let st = lock(&self.state);
+        let mut r = FsckReport::default();
+        let mut named: HashMap<Ino, u32> = HashMap::new();
+        let mut subdirs: HashMap<Ino, u32> = HashMap::new();
+        let mut parents: HashMap<Ino, Ino> = HashMap::new();
+        let mut addrs: HashSet<u64> = HashSet::new();
+        let bs = u64::from(self.bs);
+        match st.inodes.get(&ROOT) {
+            Some(i) if i.dir.is_some() => {}
+            _ => r.problems.push("the root is missing or not a directory".into()),
+        }
+        for (&ino, inode) in &st.inodes {
+            r.inodes += 1;
+            if inode.attr.ino != ino {
+                r.problems.push(format!("inode {ino} says it is {}", inode.attr.ino));
+            }
+            if (inode.attr.kind == FileKind::Dir) != inode.dir.is_some() {
+                r.problems.push(format!("inode {ino}: kind and directory map disagree"));
+            }
+            if let Some(dir) = &inode.dir {
+                if dir.order.len() != dir.entries.len() {
+                    r.problems.push(format!("directory {ino}: order and name maps disagree"));
+                }
+                for (name, d) in &dir.entries {
+                    r.entries += 1;
+                    if dir.order.get(&d.cookie) != Some(name) {
+                        r.problems
+                            .push(format!("directory {ino}: entry {name:?} has a stale offset"));
+                    }
+                    match st.inodes.get(&d.ino) {
+                        None => r.problems.push(format!(
+                            "directory {ino}: entry {:?} names missing inode {}",
+                            String::from_utf8_lossy(name),
+                            d.ino
+                        )),
+                        Some(t) if t.attr.kind != d.kind => r.problems.push(format!(
+                            "directory {ino}: entry {:?} says {:?}, inode {} is {:?}",
+                            String::from_utf8_lossy(name),
+                            d.kind,
+                            d.ino,
+                            t.attr.kind
+                        )),
+                        Some(_) => {}
+                    }
+                    *named.entry(d.ino).or_default() += 1;
+                    if d.kind == FileKind::Dir {
+                        *subdirs.entry(ino).or_default() += 1;
+                        parents.insert(d.ino, ino);
+                    }
+                }
+            }
+            if inode.attr.kind == FileKind::Symlink && inode.attr.size != inode.target.len() as u64
+            {
+                r.problems.push(format!(
+                    "symlink {ino}: size {} but target of {}",
+                    inode.attr.size,
+                    inode.target.len()
+                ));
+            }
+            if inode.attr.kind != FileKind::File && !inode.blocks.is_empty() {
+                r.problems.push(format!("inode {ino}: data blocks on a {:?}", inode.attr.kind));
+            }
+            let end_block = inode.attr.size.div_ceil(bs);
+            for (&b, block) in &inode.blocks {
+                if b >= end_block {
+                    r.problems
+                        .push(format!("inode {ino}: block {b} past its size {}", inode.attr.size));
+                }
+                if block.tx.is_some() && !addrs.insert(block.addr) {
+                    r.problems
+                        .push(format!("inode {ino}: block {b} shares device block {}", block.addr));
+                }
+                r.data_blocks += 1;
+                match self.block_bytes(ino, b, block) {
+                    Ok(bytes) => {
+                        if crc32c::crc32c(&bytes) != block.crc {
+                            r.problems
+                                .push(format!("inode {ino}: block {b} does not match its crc"));
+                        }
+                    }
+                    Err(e) => r.problems.push(format!("inode {ino}: block {b}: {e}")),
+                }
+            }
+        }
+        for (&ino, inode) in &st.inodes {
+            let links = named.get(&ino).copied().unwrap_or(0);
+            if let Some(dir) = &inode.dir {
+                let want = 2 + subdirs.get(&ino).copied().unwrap_or(0);
+                if inode.attr.nlink != want {
+                    r.problems.push(format!(
+                        "directory {ino}: link count {} but {want} expected",
+                        inode.attr.nlink
+                    ));
+                }
+                if ino != ROOT {
+                    if links != 1 {
+                        r.problems.push(format!("directory {ino}: named by {links} entries"));
+                    }
+                    if parents.get(&ino) != Some(&dir.parent) {
+                        r.problems.push(format!(
+                            "directory {ino}: `..` is {} but it sits in {:?}",
+                            dir.parent,
+                            parents.get(&ino)
+                        ));
+                    }
+                }
+            } else if inode.attr.nlink != links {
+                r.problems.push(format!(
+                    "inode {ino}: link count {} but named by {links} entries",
+                    inode.attr.nlink
+                ));
+            }
+        }
+        let reachable = st.reachable();
+        for &ino in st.inodes.keys() {
+            if !reachable.contains(&ino) {
+                r.problems.push(format!("inode {ino} is not reachable from the root"));
+            }
+        }
+        r
+    }
+}

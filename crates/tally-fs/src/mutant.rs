@@ -1,0 +1,62 @@
+//! Deliberately broken variants of the file system, compiled in only with the `mutants`
+//! feature. Each removes one mechanism the contract rests on; the crash tests must catch every
+//! one (a checker that cannot fail proves nothing).
+
+/// A broken variant of the file system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FsMutant {
+    /// Rename commits the removal of the old name as a transaction of its own, before the rest
+    /// (NOVA's bug: rename not atomic).
+    RenameSplit,
+    /// Unlink commits the removal of the name apart from the link-count change and the free
+    /// (NOVA's bug: superseded entry invalidated outside its transaction).
+    UnlinkSplit,
+    /// No cross-stream dependencies are recorded: write-then-rename is no longer safe.
+    NoDependencies,
+    /// Mount applies records in the order found in the log instead of version order: a record
+    /// relocated by cleaning overrides a newer one.
+    ReplayInLogOrder,
+    /// `fsync` returns without waiting for durability.
+    FsyncNotDurable,
+    /// Cleaning drops a tombstone (removed name, freed inode, hole) while older records of
+    /// the same object remain in the log: the object comes back after a remount.
+    TombstoneDroppedEarly,
+}
+
+impl FsMutant {
+    /// Every mutant.
+    pub const ALL: [FsMutant; 6] = [
+        FsMutant::RenameSplit,
+        FsMutant::UnlinkSplit,
+        FsMutant::NoDependencies,
+        FsMutant::ReplayInLogOrder,
+        FsMutant::FsyncNotDurable,
+        FsMutant::TombstoneDroppedEarly,
+    ];
+
+    /// Kebab-case name.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            FsMutant::RenameSplit => "rename-split",
+            FsMutant::UnlinkSplit => "unlink-split",
+            FsMutant::NoDependencies => "no-dependencies",
+            FsMutant::ReplayInLogOrder => "replay-in-log-order",
+            FsMutant::FsyncNotDurable => "fsync-not-durable",
+            FsMutant::TombstoneDroppedEarly => "tombstone-dropped-early",
+        }
+    }
+
+    /// Parse a name.
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<FsMutant> {
+        FsMutant::ALL.into_iter().find(|m| m.name() == name)
+    }
+}
+
+/// Whether this build can run mutants.
+#[must_use]
+pub fn available() -> bool {
+    cfg!(feature = "mutants")
+}

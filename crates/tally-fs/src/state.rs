@@ -1,0 +1,444 @@
+//! The DRAM state: inode table, per-file block maps, per-directory name maps, and the
+//! bookkeeping that says which records in the log are still needed. All of it is rebuilt from
+//! the log's records at mount ([`State::replay`]).
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use tally_log::{RecoveredTx, TxId};
+
+use crate::record::{Record, DATA_HOLE};
+use crate::types::{Attr, FileKind, Ino, Timespec, ROOT};
+use crate::{FsError, Result};
+
+/// What one record describes. Two records with the same key describe the same thing; the one
+/// with the higher version wins. Every key belongs to one inode, its owner: two operations that
+/// touch a common key touch a common inode, which is what dependencies are tracked on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Key {
+    /// The file-system record.
+    Fs,
+    /// An inode's attributes (and its `Free`).
+    Inode(Ino),
+    /// A directory entry.
+    Dentry(Ino, Vec<u8>),
+    /// A block of a file.
+    Block(Ino, u64),
+    /// An extended attribute.
+    Xattr(Ino, Vec<u8>),
+}
+
+impl Key {
+    /// The inode the key belongs to (0 for the file-system record).
+    pub fn owner(&self) -> Ino {
+        match self {
+            Key::Fs => 0,
+            Key::Inode(i) | Key::Dentry(i, _) | Key::Block(i, _) | Key::Xattr(i, _) => *i,
+        }
+    }
+
+    pub fn of(rec: &Record) -> Key {
+        match rec {
+            Record::Fs { .. } => Key::Fs,
+            Record::Inode { attr, .. } => Key::Inode(attr.ino),
+            Record::Free { ino, .. } => Key::Inode(*ino),
+            Record::Dentry { dir, name, .. } => Key::Dentry(*dir, name.clone()),
+            Record::Extent { ino, block, .. } => Key::Block(*ino, *block),
+            Record::Xattr { ino, name, .. } => Key::Xattr(*ino, name.clone()),
+        }
+    }
+}
+
+/// A block of file data: where it is, its crc, and (until it is durable, or while it belongs to
+/// an open explicit transaction) its bytes.
+#[derive(Debug, Clone)]
+pub(crate) struct Block {
+    /// Version of the record that placed it (0 while pending in an explicit transaction).
+    pub ver: u64,
+    pub crc: u32,
+    /// Device block; meaningless while `tx` is `None`.
+    pub addr: u64,
+    /// The log transaction that wrote it; `None` while not yet committed.
+    pub tx: Option<TxId>,
+    /// The bytes, kept in memory until the write is durable (a read must never see the device
+    /// before the write reached it).
+    pub data: Option<Arc<Vec<u8>>>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Dentry {
+    pub ino: Ino,
+    pub kind: FileKind,
+    pub cookie: u64,
+    /// Version of its record (0 while never written).
+    pub ver: u64,
+}
+
+/// The first cookie handed to an entry: 1 and 2 are `.` and `..`.
+pub(crate) const FIRST_COOKIE: u64 = 3;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Dir {
+    pub entries: HashMap<Vec<u8>, Dentry>,
+    /// Entries by cookie: readdir order, stable across inserts and removals.
+    pub order: BTreeMap<u64, Vec<u8>>,
+    pub next_cookie: u64,
+    pub parent: Ino,
+}
+
+impl Dir {
+    pub fn new(parent: Ino) -> Dir {
+        Dir { entries: HashMap::new(), order: BTreeMap::new(), next_cookie: FIRST_COOKIE, parent }
+    }
+
+    pub fn insert(&mut self, name: Vec<u8>, d: Dentry) {
+        if let Some(old) = self.entries.get(&name) {
+            self.order.remove(&old.cookie);
+        }
+        self.next_cookie = self.next_cookie.max(d.cookie + 1);
+        self.order.insert(d.cookie, name.clone());
+        self.entries.insert(name, d);
+    }
+
+    pub fn remove(&mut self, name: &[u8]) -> Option<Dentry> {
+        let d = self.entries.remove(name)?;
+        self.order.remove(&d.cookie);
+        Some(d)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Xattr {
+    pub value: Vec<u8>,
+    pub ver: u64,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Inode {
+    pub attr: Attr,
+    /// Version of its current record (0: never written).
+    pub ver: u64,
+    pub target: Vec<u8>,
+    pub blocks: BTreeMap<u64, Block>,
+    pub dir: Option<Dir>,
+    pub xattrs: BTreeMap<Vec<u8>, Xattr>,
+    /// The last log transaction that changed it, for dependencies and fsync.
+    pub last_tx: Option<TxId>,
+    /// CFS's storage version of a directory's attributes while open explicit transactions
+    /// hold changes to them that others must not see on media (see `txn.rs`).
+    pub stored: Option<Attr>,
+}
+
+impl Inode {
+    pub fn new(attr: Attr, target: Vec<u8>, parent: Ino) -> Inode {
+        let dir = (attr.kind == FileKind::Dir).then(|| Dir::new(parent));
+        Inode {
+            attr,
+            ver: 0,
+            target,
+            blocks: BTreeMap::new(),
+            dir,
+            xattrs: BTreeMap::new(),
+            last_tx: None,
+            stored: None,
+        }
+    }
+}
+
+/// A data block whose bytes are cached until its transaction is durable.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cached {
+    pub tx: TxId,
+    pub ino: Ino,
+    pub block: u64,
+    pub ver: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    pub inodes: HashMap<Ino, Inode>,
+    pub next_ino: Ino,
+    /// The version clock: the next record version.
+    pub next_ver: u64,
+    pub block_size: u32,
+    /// Version of the file-system record.
+    pub fs_ver: u64,
+    /// Records of each key in the log, live or not (for dropping tombstones safely).
+    pub key_count: HashMap<Key, u32>,
+    /// Records of each inode in the log.
+    pub ino_count: HashMap<Ino, u32>,
+    /// Keys whose current record is a tombstone, with its version.
+    pub tombs: HashMap<Key, u64>,
+    /// Freed inodes whose `Free` record is in the log, with its version.
+    pub freed: HashMap<Ino, u64>,
+    /// Data blocks whose bytes are held until durable.
+    pub cached: VecDeque<Cached>,
+    pub cached_bytes: usize,
+    /// Transactions later operations must depend on while they are not durable (barriers).
+    pub barriers: Vec<TxId>,
+    pub txns: crate::txn::Txns,
+    /// Set after a failed write or flush: every change fails until remount.
+    pub failed: Option<String>,
+}
+
+impl State {
+    pub fn next_ver(&mut self) -> u64 {
+        let v = self.next_ver;
+        self.next_ver += 1;
+        v
+    }
+
+    pub fn inode(&self, ino: Ino) -> Result<&Inode> {
+        self.inodes.get(&ino).ok_or(FsError::NotFound)
+    }
+
+    pub fn inode_mut(&mut self, ino: Ino) -> Result<&mut Inode> {
+        self.inodes.get_mut(&ino).ok_or(FsError::NotFound)
+    }
+
+    pub fn dir(&self, ino: Ino) -> Result<&Dir> {
+        self.inode(ino)?.dir.as_ref().ok_or(FsError::NotDir)
+    }
+
+    pub fn dir_mut(&mut self, ino: Ino) -> Result<&mut Dir> {
+        self.inode_mut(ino)?.dir.as_mut().ok_or(FsError::NotDir)
+    }
+
+    /// Count a record now in the log.
+    pub fn count(&mut self, key: &Key) {
+        *self.key_count.entry(key.clone()).or_default() += 1;
+        *self.ino_count.entry(key.owner()).or_default() += 1;
+    }
+
+    /// Forget a record that left the log (cleaned).
+    pub fn uncount(&mut self, key: &Key) {
+        if let Some(c) = self.key_count.get_mut(key) {
+            *c = c.saturating_sub(1);
+            if *c == 0 {
+                self.key_count.remove(key);
+            }
+        }
+        if let Some(c) = self.ino_count.get_mut(&key.owner()) {
+            *c = c.saturating_sub(1);
+            if *c == 0 {
+                self.ino_count.remove(&key.owner());
+            }
+        }
+    }
+
+    pub fn in_log(&self, key: &Key) -> bool {
+        self.key_count.get(key).is_some_and(|&c| c > 0)
+    }
+
+    /// Rebuild the state from the transactions recovery kept. Records are applied in version
+    /// order, whatever stream or position they were found at.
+    pub fn replay(streams: &[Vec<RecoveredTx>], ignore_versions: bool) -> Result<State> {
+        let mut recs: Vec<(Record, TxId, u64, u32)> = Vec::new();
+        for txs in streams {
+            for tx in txs {
+                for bytes in &tx.records {
+                    let rec = Record::decode(bytes)?;
+                    recs.push((rec, tx.id, tx.data_start, tx.data_count));
+                }
+            }
+        }
+        if !ignore_versions {
+            // Within one version (one operation), attributes before entries before data, so an
+            // entry's inode exists when the entry is applied; `Free` last.
+            recs.sort_by_key(|(r, ..)| (r.ver(), replay_rank(r)));
+        }
+        // An inode freed later makes every earlier record of it irrelevant, even if cleaning
+        // already dropped the records that created it.
+        let mut freed_at: HashMap<Ino, u64> = HashMap::new();
+        for (r, ..) in &recs {
+            if let Record::Free { ver, ino } = r {
+                let e = freed_at.entry(*ino).or_default();
+                *e = (*e).max(*ver);
+            }
+        }
+        let mut st = State { next_ino: ROOT + 1, next_ver: 1, ..State::default() };
+        for (rec, tx, data_start, data_count) in recs {
+            let key = Key::of(&rec);
+            st.count(&key);
+            st.next_ver = st.next_ver.max(rec.ver() + 1);
+            st.next_ino = st.next_ino.max(key.owner() + 1);
+            let superseded =
+                freed_at.get(&key.owner()).is_some_and(|&f| f > rec.ver() && key != Key::Fs);
+            if superseded {
+                continue;
+            }
+            st.apply(rec, tx, data_start, data_count)?;
+        }
+        if st.fs_ver == 0 {
+            return Err(FsError::Corrupted("no file-system record in the log".into()));
+        }
+        if st.inodes.get(&ROOT).is_none_or(|i| i.dir.is_none()) {
+            return Err(FsError::Corrupted("no root directory".into()));
+        }
+        // Parents of directories, from the entries naming them.
+        let mut parents = Vec::new();
+        for (&ino, inode) in &st.inodes {
+            if let Some(dir) = &inode.dir {
+                parents.extend(
+                    dir.entries.values().filter(|d| d.kind == FileKind::Dir).map(|d| (d.ino, ino)),
+                );
+            }
+        }
+        for (child, parent) in parents {
+            if let Some(Some(d)) = st.inodes.get_mut(&child).map(|i| i.dir.as_mut()) {
+                d.parent = parent;
+            }
+        }
+        Ok(st)
+    }
+
+    fn apply(&mut self, rec: Record, tx: TxId, data_start: u64, data_count: u32) -> Result<()> {
+        let ver = rec.ver();
+        match rec {
+            Record::Fs { block_size, .. } => {
+                self.block_size = block_size;
+                self.fs_ver = ver;
+            }
+            Record::Inode { attr, target, .. } => {
+                let ino = attr.ino;
+                self.freed.remove(&ino);
+                self.tombs.remove(&Key::Inode(ino));
+                let inode =
+                    self.inodes.entry(ino).or_insert_with(|| Inode::new(attr, Vec::new(), ino));
+                if inode.attr.kind != attr.kind {
+                    return Err(FsError::Corrupted(format!("inode {ino} changed kind")));
+                }
+                inode.attr = attr;
+                inode.target = target;
+                inode.ver = ver;
+                inode.last_tx = None;
+            }
+            Record::Free { ino, .. } => {
+                self.inodes.remove(&ino);
+                self.freed.insert(ino, ver);
+            }
+            Record::Dentry { dir, name, ino, kind, cookie, .. } => {
+                let key = Key::Dentry(dir, name.clone());
+                let d =
+                    self.inodes.get_mut(&dir).and_then(|i| i.dir.as_mut()).ok_or_else(|| {
+                        FsError::Corrupted(format!("entry {name:?} in missing directory {dir}"))
+                    })?;
+                if ino == 0 {
+                    d.remove(&name);
+                    self.tombs.insert(key, ver);
+                } else {
+                    d.insert(name, Dentry { ino, kind, cookie, ver });
+                    self.tombs.remove(&key);
+                }
+            }
+            Record::Extent { ino, block, data, crc, .. } => {
+                let key = Key::Block(ino, block);
+                let inode = self
+                    .inodes
+                    .get_mut(&ino)
+                    .ok_or_else(|| FsError::Corrupted(format!("data of missing inode {ino}")))?;
+                if data == DATA_HOLE {
+                    inode.blocks.remove(&block);
+                    self.tombs.insert(key, ver);
+                } else {
+                    if data >= data_count {
+                        return Err(FsError::Corrupted(format!(
+                            "extent of inode {ino} names data block {data} of a transaction with {data_count}"
+                        )));
+                    }
+                    let b = Block {
+                        ver,
+                        crc,
+                        addr: data_start + u64::from(data),
+                        tx: Some(tx),
+                        data: None,
+                    };
+                    inode.blocks.insert(block, b);
+                    self.tombs.remove(&key);
+                }
+            }
+            Record::Xattr { ino, name, value, .. } => {
+                let key = Key::Xattr(ino, name.clone());
+                let inode = self
+                    .inodes
+                    .get_mut(&ino)
+                    .ok_or_else(|| FsError::Corrupted(format!("xattr of missing inode {ino}")))?;
+                match value {
+                    Some(value) => {
+                        inode.xattrs.insert(name, Xattr { value, ver });
+                        self.tombs.remove(&key);
+                    }
+                    None => {
+                        inode.xattrs.remove(&name);
+                        self.tombs.insert(key, ver);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Inodes in use.
+    pub fn files(&self) -> u64 {
+        self.inodes.len() as u64
+    }
+
+    /// Keys of an inode's blocks in `range`.
+    pub fn block_keys(&self, ino: Ino, from: u64) -> Vec<u64> {
+        self.inodes
+            .get(&ino)
+            .map_or_else(Vec::new, |i| i.blocks.range(from..).map(|(&b, _)| b).collect())
+    }
+
+    /// Inodes reachable by following entries from the root (for fsck).
+    pub fn reachable(&self) -> HashSet<Ino> {
+        let mut seen = HashSet::from([ROOT]);
+        let mut todo = vec![ROOT];
+        while let Some(i) = todo.pop() {
+            if let Some(dir) = self.inodes.get(&i).and_then(|n| n.dir.as_ref()) {
+                for d in dir.entries.values() {
+                    if seen.insert(d.ino) && d.kind == FileKind::Dir {
+                        todo.push(d.ino);
+                    }
+                }
+            }
+        }
+        seen
+    }
+}
+
+fn replay_rank(r: &Record) -> u8 {
+    match r {
+        Record::Fs { .. } => 0,
+        Record::Inode { .. } => 1,
+        Record::Dentry { .. } => 2,
+        Record::Extent { .. } => 3,
+        Record::Xattr { .. } => 4,
+        Record::Free { .. } => 5,
+    }
+}
+
+/// The attributes of a fresh inode.
+pub(crate) fn fresh_attr(
+    ino: Ino,
+    kind: FileKind,
+    perm: u16,
+    uid: u32,
+    gid: u32,
+    now: Timespec,
+) -> Attr {
+    Attr {
+        ino,
+        kind,
+        perm: perm & 0o7777,
+        uid,
+        gid,
+        nlink: if kind == FileKind::Dir { 2 } else { 1 },
+        size: 0,
+        rdev: 0,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        crtime: now,
+    }
+}

@@ -1,0 +1,344 @@
+//! Operation contexts, undo, and explicit multi-file transactions (CFS).
+//!
+//! Every operation runs in a [`Cx`] that records, before changing anything, the pre-image of
+//! what it changes. An operation that fails (or has to wait) is rolled back from it, so the
+//! DRAM state is exactly what it was; an operation whose log commit fails (out of space, I/O
+//! error) is rolled back the same way.
+//!
+//! Explicit transactions keep the first pre-image of everything they change, so `abort`
+//! restores the DRAM state exactly. Isolation of writers:
+//! - the objects a transaction changes are *locked* by it until it ends: an inode it writes,
+//!   truncates, chmods or frees, and each directory entry it adds or removes. Another
+//!   transaction touching them gets `EBUSY` at once (no deadlock is possible); an operation
+//!   outside any transaction waits until the transaction ends;
+//! - a directory's own attributes (times, link count) are *shared metadata*, as in CFS: adding
+//!   an entry to a directory inside a transaction does not lock the directory. The directory
+//!   keeps a *storage version* of its attributes (what is on media, changed only by committed
+//!   operations) beside the memory version (what readers see, including open transactions'
+//!   changes); each transaction keeps its changes to it as a delta, applied to the storage
+//!   version at commit and dropped from the memory version at abort.
+//!
+//! Readers see every change as it happens (as in a page cache); isolation of readers is the
+//! application's business, as in CFS.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use crate::state::{Dentry, Inode, Key, State};
+use crate::types::{Attr, Ino, Timespec};
+use crate::FsError;
+
+pub(crate) type TxnId = u64;
+
+/// Why an operation stopped.
+pub(crate) enum Stop {
+    Err(FsError),
+    /// An object is locked by an open transaction: roll back, wait for it to end, retry.
+    Wait,
+}
+
+impl From<FsError> for Stop {
+    fn from(e: FsError) -> Self {
+        Stop::Err(e)
+    }
+}
+
+pub(crate) type OpResult<T> = std::result::Result<T, Stop>;
+
+/// A pre-image.
+#[derive(Debug)]
+pub(crate) enum Undo {
+    Inode(Ino, Option<Box<Inode>>),
+    Dentry(Ino, Vec<u8>, Option<Dentry>),
+    Parent(Ino, Ino),
+    DirAttr(Ino, Attr, Option<Attr>),
+}
+
+impl Undo {
+    fn key(&self) -> (u8, Ino, &[u8]) {
+        match self {
+            Undo::Inode(i, _) => (0, *i, &[]),
+            Undo::Dentry(d, n, _) => (1, *d, n),
+            Undo::Parent(d, _) => (2, *d, &[]),
+            Undo::DirAttr(d, ..) => (3, *d, &[]),
+        }
+    }
+
+    pub fn apply(self, st: &mut State) {
+        match self {
+            Undo::Inode(ino, Some(inode)) => {
+                st.inodes.insert(ino, *inode);
+            }
+            Undo::Inode(ino, None) => {
+                st.inodes.remove(&ino);
+            }
+            Undo::Dentry(dir, name, old) => {
+                if let Some(d) = st.inodes.get_mut(&dir).and_then(|i| i.dir.as_mut()) {
+                    match old {
+                        Some(old) => d.insert(name, old),
+                        None => {
+                            d.remove(&name);
+                        }
+                    }
+                }
+            }
+            Undo::Parent(dir, parent) => {
+                if let Some(d) = st.inodes.get_mut(&dir).and_then(|i| i.dir.as_mut()) {
+                    d.parent = parent;
+                }
+            }
+            Undo::DirAttr(dir, attr, stored) => {
+                if let Some(i) = st.inodes.get_mut(&dir) {
+                    i.attr = attr;
+                    i.stored = stored;
+                }
+            }
+        }
+    }
+}
+
+/// A transaction's change to a directory's shared attributes.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct AttrDiff {
+    pub nlink: i64,
+    pub mtime: Option<Timespec>,
+    pub ctime: Option<Timespec>,
+}
+
+impl AttrDiff {
+    pub fn between(before: &Attr, after: &Attr) -> AttrDiff {
+        AttrDiff {
+            nlink: i64::from(after.nlink) - i64::from(before.nlink),
+            mtime: (after.mtime != before.mtime).then_some(after.mtime),
+            ctime: (after.ctime != before.ctime).then_some(after.ctime),
+        }
+    }
+
+    pub fn then(self, later: AttrDiff) -> AttrDiff {
+        AttrDiff {
+            nlink: self.nlink + later.nlink,
+            mtime: later.mtime.or(self.mtime),
+            ctime: later.ctime.or(self.ctime),
+        }
+    }
+
+    pub fn apply(self, attr: &mut Attr) {
+        attr.nlink = (i64::from(attr.nlink) + self.nlink).clamp(0, i64::from(u32::MAX)) as u32;
+        if let Some(t) = self.mtime {
+            attr.mtime = t;
+        }
+        if let Some(t) = self.ctime {
+            attr.ctime = t;
+        }
+    }
+}
+
+/// An open explicit transaction.
+#[derive(Debug, Default)]
+pub(crate) struct TxnState {
+    /// First pre-images, in the order taken.
+    pub undo: Vec<Undo>,
+    undone: HashSet<(u8, Ino, Vec<u8>)>,
+    /// Everything to write at commit.
+    pub touched: BTreeSet<Key>,
+    /// Changes to directories' shared attributes.
+    pub dir_diffs: HashMap<Ino, AttrDiff>,
+    /// Stream of its first operation.
+    pub stream: Option<u16>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Txns {
+    pub open: HashMap<TxnId, TxnState>,
+    pub next: TxnId,
+    pub locks: HashMap<Key, TxnId>,
+}
+
+impl Txns {
+    /// Does a transaction other than `me` hold changes to `dir`'s shared attributes?
+    fn others_share(&self, dir: Ino, me: Option<TxnId>) -> bool {
+        self.open.iter().any(|(&id, t)| Some(id) != me && t.dir_diffs.contains_key(&dir))
+    }
+
+    /// The memory version of a directory's attributes is its storage version plus the deltas
+    /// of every open transaction.
+    pub fn recompute_dir(&self, st_inode: &mut Inode, dir: Ino) {
+        let Some(stored) = st_inode.stored else { return };
+        let mut attr = stored;
+        for t in self.open.values() {
+            if let Some(d) = t.dir_diffs.get(&dir) {
+                d.apply(&mut attr);
+            }
+        }
+        st_inode.attr = attr;
+        if !self.open.values().any(|t| t.dir_diffs.contains_key(&dir)) {
+            st_inode.stored = None;
+        }
+    }
+}
+
+/// One operation's context.
+#[derive(Debug, Default)]
+pub(crate) struct Cx {
+    pub txn: Option<TxnId>,
+    pub undo: Vec<Undo>,
+    pub touched: BTreeSet<Key>,
+    full: HashSet<Ino>,
+    dentries: HashSet<(Ino, Vec<u8>)>,
+    parents: HashSet<Ino>,
+    /// Directories whose shared attributes this operation changed, with their attributes before.
+    pub dir_before: HashMap<Ino, Attr>,
+    new_locks: Vec<Key>,
+    /// Mutants only: keys committed in a transaction of their own, before the rest.
+    pub split: BTreeSet<Key>,
+}
+
+impl Cx {
+    pub fn new(txn: Option<TxnId>) -> Cx {
+        Cx { txn, ..Cx::default() }
+    }
+
+    fn conflict(&self) -> Stop {
+        if self.txn.is_some() {
+            Stop::Err(FsError::Busy)
+        } else {
+            Stop::Wait
+        }
+    }
+
+    fn lock(&mut self, st: &mut State, key: Key) -> OpResult<()> {
+        match st.txns.locks.get(&key) {
+            Some(&owner) if Some(owner) == self.txn => Ok(()),
+            Some(_) => Err(self.conflict()),
+            None => {
+                if let Some(t) = self.txn {
+                    st.txns.locks.insert(key.clone(), t);
+                    self.new_locks.push(key);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// About to change anything of inode `ino` (attributes, data, xattrs, or free it).
+    pub fn inode(&mut self, st: &mut State, ino: Ino) -> OpResult<()> {
+        if st.txns.others_share(ino, self.txn) && self.txn.is_some() {
+            return Err(self.conflict());
+        }
+        if self.txn.is_none() && st.txns.open.values().any(|t| t.dir_diffs.contains_key(&ino)) {
+            // A change to the whole directory (chmod, free) while transactions hold deltas to
+            // its shared attributes: wait until they end.
+            if st.inodes.get(&ino).is_some_and(|i| i.dir.is_some()) {
+                return Err(Stop::Wait);
+            }
+        }
+        self.lock(st, Key::Inode(ino))?;
+        if self.full.insert(ino) {
+            self.undo.push(Undo::Inode(ino, st.inodes.get(&ino).cloned().map(Box::new)));
+        }
+        self.touched.insert(Key::Inode(ino));
+        Ok(())
+    }
+
+    /// About to change a directory's shared attributes (times, link count) because of an
+    /// entry added or removed.
+    pub fn dir_attr(&mut self, st: &mut State, dir: Ino) -> OpResult<()> {
+        match st.txns.locks.get(&Key::Inode(dir)) {
+            Some(&owner) if Some(owner) != self.txn => return Err(self.conflict()),
+            _ => {}
+        }
+        self.touched.insert(Key::Inode(dir));
+        if self.full.contains(&dir) || self.dir_before.contains_key(&dir) {
+            return Ok(());
+        }
+        let inode = st.inode(dir)?;
+        self.dir_before.insert(dir, inode.attr);
+        self.undo.push(Undo::DirAttr(dir, inode.attr, inode.stored));
+        Ok(())
+    }
+
+    /// About to add, change or remove entry `name` of `dir`.
+    pub fn dentry(&mut self, st: &mut State, dir: Ino, name: &[u8]) -> OpResult<()> {
+        self.lock(st, Key::Dentry(dir, name.to_vec()))?;
+        if self.dentries.insert((dir, name.to_vec())) {
+            let old = st.dir(dir)?.entries.get(name).cloned();
+            self.undo.push(Undo::Dentry(dir, name.to_vec(), old));
+        }
+        self.touched.insert(Key::Dentry(dir, name.to_vec()));
+        Ok(())
+    }
+
+    /// About to change a directory's parent (rename of a directory).
+    pub fn parent(&mut self, st: &State, dir: Ino) -> OpResult<()> {
+        if self.parents.insert(dir) {
+            self.undo.push(Undo::Parent(dir, st.dir(dir)?.parent));
+        }
+        Ok(())
+    }
+
+    /// About to change block `block` of `ino` (after [`Cx::inode`]).
+    pub fn block(&mut self, ino: Ino, block: u64) {
+        debug_assert!(self.full.contains(&ino));
+        self.touched.insert(Key::Block(ino, block));
+    }
+
+    /// About to change xattr `name` of `ino` (after [`Cx::inode`]).
+    pub fn xattr(&mut self, ino: Ino, name: &[u8]) {
+        debug_assert!(self.full.contains(&ino));
+        self.touched.insert(Key::Xattr(ino, name.to_vec()));
+    }
+
+    /// Undo everything the operation did and release the locks it took.
+    pub fn rollback(mut self, st: &mut State) {
+        while let Some(u) = self.undo.pop() {
+            u.apply(st);
+        }
+        for k in self.new_locks.drain(..) {
+            st.txns.locks.remove(&k);
+        }
+    }
+
+    /// The operation succeeded inside transaction `id`: hand its pre-images and keys over.
+    pub fn into_txn(self, st: &mut State, id: TxnId, stream: u16) {
+        let mut diffs = Vec::new();
+        for (&dir, before) in &self.dir_before {
+            if let Some(inode) = st.inodes.get_mut(&dir) {
+                let diff = AttrDiff::between(before, &inode.attr);
+                if inode.stored.is_none() {
+                    inode.stored = Some(*before);
+                }
+                diffs.push((dir, diff));
+            }
+        }
+        let Some(t) = st.txns.open.get_mut(&id) else { return };
+        t.stream.get_or_insert(stream);
+        for (dir, diff) in diffs {
+            let e = t.dir_diffs.entry(dir).or_default();
+            *e = e.then(diff);
+        }
+        for u in self.undo {
+            if matches!(u, Undo::DirAttr(..)) {
+                continue; // shared attributes are restored from the storage version
+            }
+            let (kind, ino, name) = u.key();
+            if t.undone.insert((kind, ino, name.to_vec())) {
+                t.undo.push(u);
+            }
+        }
+        t.touched.extend(self.touched);
+    }
+
+    /// The operation succeeded outside any transaction: changes to shared directory attributes
+    /// also go to their storage version. Returns the attributes to write for those directories.
+    pub fn storage_attrs(&self, st: &mut State) -> HashMap<Ino, Attr> {
+        let mut out = HashMap::new();
+        for (&dir, before) in &self.dir_before {
+            if let Some(inode) = st.inodes.get_mut(&dir) {
+                if let Some(stored) = inode.stored.as_mut() {
+                    AttrDiff::between(before, &inode.attr).apply(stored);
+                    out.insert(dir, *stored);
+                }
+            }
+        }
+        out
+    }
+}
