@@ -1,0 +1,179 @@
+//! Smoke tests of the file system's main paths, each across a remount.
+
+use std::sync::Arc;
+
+use tally_fs::{Fs, FsError, MkfsOptions, MountOptions, Owner, RenameFlags, SetAttr, ROOT};
+use tally_media::{Device, MemDevice};
+
+const ME: Owner = Owner { uid: 1000, gid: 1000 };
+
+fn fresh(blocks: u64, streams: u16, segment_blocks: u32) -> Arc<dyn Device> {
+    let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, blocks).unwrap());
+    Fs::mkfs(dev.clone(), &MkfsOptions { streams, segment_blocks, uuid: None }).unwrap();
+    dev
+}
+
+fn mount(dev: &Arc<dyn Device>) -> Fs {
+    Fs::mount(dev.clone(), MountOptions::default()).unwrap()
+}
+
+fn names(fs: &Fs, dir: u64) -> Vec<String> {
+    let mut v: Vec<String> = fs
+        .readdir(dir, 0)
+        .unwrap()
+        .into_iter()
+        .map(|e| String::from_utf8(e.name).unwrap())
+        .filter(|n| n != "." && n != "..")
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn files_directories_and_data_survive_remount() {
+    let dev = fresh(4096, 2, 64);
+    let fs = mount(&dev);
+    let d = fs.mkdir(None, ROOT, b"d", 0o755, ME).unwrap();
+    let f = fs.create(None, d.ino, b"f", 0o644, ME).unwrap();
+    let data: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+    fs.write(None, f.ino, 3, &data).unwrap();
+    fs.write(None, f.ino, 1 << 30, b"far").unwrap(); // sparse
+    fs.symlink(None, d.ino, b"l", b"f", ME).unwrap();
+    fs.unmount().unwrap();
+
+    let fs = mount(&dev);
+    assert_eq!(names(&fs, ROOT), ["d"]);
+    assert_eq!(names(&fs, d.ino), ["f", "l"]);
+    let got = fs.read(f.ino, 3, data.len()).unwrap();
+    assert_eq!(got, data);
+    assert_eq!(fs.read(f.ino, 1 << 30, 10).unwrap(), b"far");
+    assert_eq!(fs.read(f.ino, 1 << 20, 4).unwrap(), [0; 4]);
+    assert_eq!(fs.getattr(f.ino).unwrap().size, (1 << 30) + 3);
+    assert_eq!(fs.getattr(d.ino).unwrap().nlink, 2);
+    assert_eq!(fs.getattr(ROOT).unwrap().nlink, 3);
+    let l = fs.lookup(d.ino, b"l").unwrap();
+    assert_eq!(fs.readlink(l.ino).unwrap(), b"f");
+    let r = fs.fsck();
+    assert!(r.is_clean(), "{:?}", r.problems);
+}
+
+#[test]
+fn rename_unlink_and_truncate_survive_a_crash_after_sync() {
+    let dev = fresh(4096, 3, 64);
+    let fs = mount(&dev);
+    let a = fs.create(None, ROOT, b"a", 0o644, ME).unwrap();
+    fs.write(None, a.ino, 0, &[7u8; 10_000]).unwrap();
+    let b = fs.create(None, ROOT, b"b", 0o644, ME).unwrap();
+    fs.rename(None, ROOT, b"a", ROOT, b"b", RenameFlags::default()).unwrap();
+    assert!(matches!(fs.getattr(b.ino), Err(FsError::NotFound)));
+    fs.setattr(None, a.ino, &SetAttr { size: Some(5000), ..SetAttr::default() }).unwrap();
+    fs.setattr(None, a.ino, &SetAttr { size: Some(9000), ..SetAttr::default() }).unwrap();
+    fs.sync().unwrap();
+    drop(fs); // no unmount: recovery
+
+    let fs = mount(&dev);
+    assert_eq!(names(&fs, ROOT), ["b"]);
+    let got = fs.read(a.ino, 0, 10_000).unwrap();
+    assert_eq!(got.len(), 9000);
+    assert!(got[..5000].iter().all(|&x| x == 7) && got[5000..].iter().all(|&x| x == 0));
+    assert!(fs.fsck().is_clean());
+}
+
+#[test]
+fn aborted_transaction_leaves_nothing_and_committed_one_everything() {
+    let dev = fresh(4096, 2, 64);
+    let fs = mount(&dev);
+    let x = fs.create(None, ROOT, b"x", 0o644, ME).unwrap();
+    fs.write(None, x.ino, 0, b"old").unwrap();
+    let before = fs.getattr(ROOT).unwrap();
+
+    let t = fs.begin().unwrap();
+    fs.write(Some(&t), x.ino, 0, b"new!").unwrap();
+    fs.create(Some(&t), ROOT, b"y", 0o644, ME).unwrap();
+    fs.mkdir(Some(&t), ROOT, b"z", 0o755, ME).unwrap();
+    assert_eq!(fs.read(x.ino, 0, 10).unwrap(), b"new!"); // visible at once
+    fs.abort(t).unwrap();
+    assert_eq!(fs.read(x.ino, 0, 10).unwrap(), b"old");
+    assert_eq!(names(&fs, ROOT), ["x"]);
+    assert_eq!(fs.getattr(ROOT).unwrap(), before);
+
+    let t = fs.begin().unwrap();
+    fs.write(Some(&t), x.ino, 0, b"new!").unwrap();
+    let y = fs.create(Some(&t), ROOT, b"y", 0o644, ME).unwrap();
+    fs.write(Some(&t), y.ino, 0, b"yy").unwrap();
+    fs.commit_durable(t).unwrap();
+    drop(fs);
+
+    let fs = mount(&dev);
+    assert_eq!(names(&fs, ROOT), ["x", "y"]);
+    assert_eq!(fs.read(x.ino, 0, 10).unwrap(), b"new!");
+    assert_eq!(fs.read(y.ino, 0, 10).unwrap(), b"yy");
+    assert!(fs.fsck().is_clean());
+}
+
+#[test]
+fn another_transaction_gets_busy_and_a_plain_operation_waits() {
+    let dev = fresh(4096, 2, 64);
+    let fs = Arc::new(mount(&dev));
+    let x = fs.create(None, ROOT, b"x", 0o644, ME).unwrap();
+    let t1 = fs.begin().unwrap();
+    fs.write(Some(&t1), x.ino, 0, b"t1").unwrap();
+    let t2 = fs.begin().unwrap();
+    assert!(matches!(fs.write(Some(&t2), x.ino, 0, b"t2"), Err(FsError::Busy)));
+    // Shared directory attributes do not conflict: both create in the root.
+    fs.create(Some(&t2), ROOT, b"other", 0o644, ME).unwrap();
+    let fs2 = fs.clone();
+    let waiter = std::thread::spawn(move || fs2.write(None, x.ino, 0, b"plain").unwrap());
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(!waiter.is_finished());
+    fs.commit(t1).unwrap();
+    waiter.join().unwrap();
+    fs.abort(t2).unwrap();
+    assert_eq!(fs.read(x.ino, 0, 10).unwrap(), b"plain");
+    fs.sync().unwrap();
+    drop(fs);
+    let fs = mount(&dev);
+    assert_eq!(names(&fs, ROOT), ["x"]);
+    assert_eq!(fs.read(x.ino, 0, 10).unwrap(), b"plain");
+    assert_eq!(fs.getattr(ROOT).unwrap().nlink, 2);
+    assert!(fs.fsck().is_clean());
+}
+
+#[test]
+fn cleaning_frees_space_and_keeps_everything() {
+    // A small device: rewriting one file over and over fills it unless cleaning works.
+    let dev = fresh(600, 2, 16);
+    let fs = mount(&dev);
+    let keep = fs.create(None, ROOT, b"keep", 0o644, ME).unwrap();
+    fs.write(None, keep.ino, 0, &[1u8; 8192]).unwrap();
+    let f = fs.create(None, ROOT, b"f", 0o644, ME).unwrap();
+    for i in 0..400u32 {
+        fs.write(None, f.ino, 0, &i.to_le_bytes().repeat(1024)).unwrap();
+        if i % 50 == 0 {
+            let g = fs.create(None, ROOT, b"tmp", 0o644, ME).unwrap();
+            fs.write(None, g.ino, 0, b"x").unwrap();
+            fs.unlink(None, ROOT, b"tmp").unwrap();
+        }
+    }
+    fs.sync().unwrap();
+    assert!(fs.fsck().is_clean());
+    drop(fs);
+    let fs = mount(&dev);
+    assert_eq!(fs.read(f.ino, 0, 4).unwrap(), 399u32.to_le_bytes());
+    assert_eq!(fs.read(keep.ino, 0, 8192).unwrap(), [1u8; 8192]);
+    assert_eq!(names(&fs, ROOT), ["f", "keep"]);
+    let r = fs.fsck();
+    assert!(r.is_clean(), "{:?}", r.problems);
+}
+
+#[test]
+fn a_device_without_a_file_system_is_refused() {
+    let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 256).unwrap());
+    assert!(Fs::mount(dev.clone(), MountOptions::default()).is_err());
+    tally_log::Log::format(
+        &*dev,
+        &tally_log::LogConfig { streams: 1, segment_blocks: 16, ..Default::default() },
+    )
+    .unwrap();
+    assert!(matches!(Fs::mount(dev, MountOptions::default()), Err(FsError::Corrupted(_))));
+}
