@@ -16,6 +16,7 @@ mod error;
 mod file;
 mod image;
 mod mem;
+pub mod pmem;
 pub mod probe;
 pub mod scratch;
 mod stats;
@@ -29,4 +30,5 @@ pub use file::{
 };
 pub use image::Image;
 pub use mem::MemDevice;
+pub use pmem::{FlushKind, Pmem, PmemDevice, PmemError, PmemMode, PmemOptions, PmemStats};
 pub use stats::{Counters, DeviceStats};
