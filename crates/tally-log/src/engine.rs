@@ -307,6 +307,7 @@ impl Log {
             segment_count,
             first_segment_block,
             streams: roots,
+            snapshot: None,
         };
         let mut second = sb.clone();
         second.generation = 0;
@@ -401,7 +402,7 @@ impl Log {
         }
     }
 
-    fn fail(&self, e: MediaError) -> LogError {
+    pub(crate) fn fail(&self, e: MediaError) -> LogError {
         let mut failed = lock(&self.failed);
         if failed.is_none() {
             tracing::error!(error = %e, "log I/O failed; refusing further commits");

@@ -54,6 +54,7 @@ mod error;
 pub mod format;
 mod mutant;
 mod recover;
+pub mod snapshot;
 mod space;
 
 pub use clean::CleanReport;

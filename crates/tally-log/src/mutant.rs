@@ -35,11 +35,15 @@ pub enum Mutant {
     /// A flush round does not wait for orderless commits that are being submitted, so it can
     /// declare them durable before their write exists. A race: only a concurrent test sees it.
     OrderlessSubmitUntracked,
+    /// A snapshot is trusted after a crash: opening from it leaves the superblock pointing at
+    /// it, and open does not check that the snapshot was written for the superblock in force;
+    /// after a later crash the stale snapshot comes back and what was written since is lost.
+    SnapshotKept,
 }
 
 impl Mutant {
     /// Every mutant, in a fixed order.
-    pub const ALL: [Mutant; 12] = [
+    pub const ALL: [Mutant; 13] = [
         Mutant::NoPrefixCut,
         Mutant::NoDependencyClosure,
         Mutant::CountOffByOne,
@@ -52,6 +56,7 @@ impl Mutant {
         Mutant::TornTailIsCorruption,
         Mutant::ResumeOverwritesTail,
         Mutant::OrderlessSubmitUntracked,
+        Mutant::SnapshotKept,
     ];
 
     /// Kebab-case name, as the CLI takes it.
@@ -70,6 +75,7 @@ impl Mutant {
             Mutant::TornTailIsCorruption => "torn-tail-is-corruption",
             Mutant::ResumeOverwritesTail => "resume-overwrites-tail",
             Mutant::OrderlessSubmitUntracked => "orderless-submit-untracked",
+            Mutant::SnapshotKept => "snapshot-trusted-after-crash",
         }
     }
 
@@ -78,6 +84,13 @@ impl Mutant {
     #[must_use]
     pub fn needs_concurrency(self) -> bool {
         matches!(self, Mutant::OrderlessSubmitUntracked)
+    }
+
+    /// Whether only a workload with a clean close shows it: the log explorer never closes
+    /// cleanly; `tests/snapshot.rs` here and the file-system crash tests do.
+    #[must_use]
+    pub fn needs_clean_close(self) -> bool {
+        matches!(self, Mutant::SnapshotKept)
     }
 
     /// Parse a kebab-case name.

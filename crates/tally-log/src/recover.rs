@@ -70,6 +70,10 @@ pub struct Recovery {
     pub blocks_scanned: u64,
     /// Time spent scanning (before the superblock update).
     pub scan_time: Duration,
+    /// The layer above's state, when the log was closed with [`Log::close_clean`] and opened
+    /// from its snapshot without scanning (the streams' `txs` are then empty: everything they
+    /// held is described by this state).
+    pub snapshot: Option<Vec<u8>>,
 }
 
 /// Logs smaller than this many blocks are scanned one stream after another.
@@ -137,6 +141,10 @@ impl Log {
         }
         let (sb, slot) = read_superblock(&*dev)?;
         let started = Instant::now();
+        let check_generation = options.mutant != Some(Mutant::SnapshotKept);
+        if let Some(found) = crate::snapshot::read(&*dev, &sb, check_generation)? {
+            return Self::open_restored(dev, (sb, slot), found, options, started);
+        }
         let ctx = Ctx { dev: &*dev, sb: &sb, options, stop_after_seq: u64::MAX };
         // Streams are scanned in parallel, one thread each, when the log is large enough for
         // that to pay; a small log is scanned faster than a thread starts.
@@ -172,6 +180,7 @@ impl Log {
 
         // New epoch for every stream, durable before any new write.
         let mut new_sb = sb.clone();
+        new_sb.snapshot = None;
         let bump = !ctx.mutant(Mutant::NoEpochBump);
         let mut streams = Vec::with_capacity(scans.len());
         let mut report = Vec::with_capacity(scans.len());
@@ -235,7 +244,62 @@ impl Log {
             // Still make what was read durable: it may sit in the device's volatile cache.
             log.dev.flush()?;
         }
-        Ok((log, Recovery { streams: report, blocks_scanned, scan_time }))
+        Ok((log, Recovery { streams: report, blocks_scanned, scan_time, snapshot: None }))
+    }
+
+    /// Open from a clean-close snapshot: streams as they were, a new epoch for each, and the
+    /// snapshot pointer cleared, durably, before anything new is written.
+    fn open_restored(
+        dev: Arc<dyn Device>,
+        (sb, slot): (Superblock, usize),
+        found: crate::snapshot::Found,
+        options: OpenOptions,
+        started: Instant,
+    ) -> Result<(Log, Recovery)> {
+        let crate::snapshot::Found { streams: restored, payload, blocks } = found;
+        let mut new_sb = sb.clone();
+        if options.mutant != Some(Mutant::SnapshotKept) {
+            new_sb.snapshot = None;
+        }
+        let mut streams = Vec::with_capacity(restored.len());
+        let mut report = Vec::with_capacity(restored.len());
+        let mut used = Vec::new();
+        for (s, r) in restored.into_iter().enumerate() {
+            let root = sb.streams[s];
+            let tail = r.last_seq;
+            let new_root = StreamRoot {
+                epoch: root.epoch + 1,
+                base_seq: tail,
+                resume_seq: tail.max(root.resume_seq.saturating_sub(1)) + 1,
+                ..root
+            };
+            new_sb.streams[s] = new_root;
+            used.extend(r.chain.iter().copied());
+            used.push(r.next_segment);
+            streams.push(r.into_stream(new_root.epoch, new_root.resume_seq));
+            report.push(StreamRecovery {
+                txs: Vec::new(),
+                cut_by_dependency: 0,
+                checkpoint_seq: root.checkpoint_seq,
+                epoch: new_root.epoch,
+            });
+        }
+        let space = Space::new(sb.segment_count, used);
+        let log = Log::from_parts(dev, SbState { sb, slot }, streams, space, options);
+        {
+            let mut state = log.sb.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            log.write_superblock(&mut state, new_sb, true)?;
+        }
+        let scan_time = started.elapsed();
+        Ok((
+            log,
+            Recovery {
+                streams: report,
+                blocks_scanned: blocks,
+                scan_time,
+                snapshot: Some(payload),
+            },
+        ))
     }
 }
 

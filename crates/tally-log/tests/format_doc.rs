@@ -2,6 +2,7 @@
 //! tables named below is compared, offset and size, with the code.
 
 use tally_log::format::{body, superblock, unit};
+use tally_log::snapshot;
 
 /// The `| offset | size | field |` rows of the table under `### heading`.
 fn table(doc: &str, heading: &str) -> Vec<(usize, usize, String)> {
@@ -47,6 +48,8 @@ fn format_doc_matches_the_code() {
             ("segment_count", sb::SEGMENT_COUNT, 4),
             ("first_segment_block", sb::FIRST_SEGMENT_BLOCK, 8),
             ("crc", sb::CRC, 4),
+            ("flags", sb::FLAGS, 4),
+            ("snapshot_segment", sb::SNAPSHOT_SEGMENT, 4),
             ("reserved", sb::RESERVED, superblock::SB_STREAMS_OFFSET - sb::RESERVED),
         ],
     );
@@ -70,6 +73,23 @@ fn format_doc_matches_the_code() {
             ("base_seq", st::BASE_SEQ, 8),
             ("resume_seq", st::RESUME_SEQ, 8),
             ("reserved", st::RESERVED, superblock::SB_STREAM_SIZE - st::RESERVED),
+        ],
+    );
+    use snapshot::snap_off as sn;
+    check(
+        &doc,
+        "Snapshot header",
+        &[
+            ("magic", sn::MAGIC, snapshot::SNAP_MAGIC.len()),
+            ("version", sn::VERSION, 2),
+            ("reserved", sn::VERSION + 2, sn::SEGMENT_COUNT - sn::VERSION - 2),
+            ("segment_count", sn::SEGMENT_COUNT, 4),
+            ("sb_generation", sn::SB_GENERATION, 8),
+            ("payload_len", sn::PAYLOAD_LEN, 8),
+            ("payload_crc", sn::PAYLOAD_CRC, 4),
+            ("crc", sn::CRC, 4),
+            ("reserved", sn::RESERVED, sn::SEGMENTS - sn::RESERVED),
+            ("segment", sn::SEGMENTS, 4),
         ],
     );
     use unit::off as u;

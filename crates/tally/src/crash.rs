@@ -92,6 +92,8 @@ pub fn run(cmd: &Command) -> ExitCode {
         for m in Mutant::ALL {
             let note = if m.needs_concurrency() {
                 "  (a race: run the concurrency test, not the explorer)"
+            } else if m.needs_clean_close() {
+                "  (needs a clean close: caught by the snapshot and file-system crash tests)"
             } else {
                 ""
             };

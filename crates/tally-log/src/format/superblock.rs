@@ -30,8 +30,11 @@ pub mod off {
     pub const SEGMENT_COUNT: usize = 52;
     pub const FIRST_SEGMENT_BLOCK: usize = 56;
     pub const CRC: usize = 64;
+    /// Bit 0: a clean-close snapshot starts at `SNAPSHOT_SEGMENT`.
+    pub const FLAGS: usize = 68;
+    pub const SNAPSHOT_SEGMENT: usize = 72;
     /// Reserved, zero, up to the stream entries.
-    pub const RESERVED: usize = 68;
+    pub const RESERVED: usize = 76;
 }
 /// Offsets inside a per-stream entry.
 pub mod stream_off {
@@ -90,7 +93,13 @@ pub struct Superblock {
     pub first_segment_block: u64,
     /// One root per stream.
     pub streams: Vec<StreamRoot>,
+    /// First segment of the snapshot written by a clean close, if the log was closed cleanly
+    /// and not opened since.
+    pub snapshot: Option<u32>,
 }
+
+/// `flags` bit: a snapshot is present.
+pub const SB_FLAG_SNAPSHOT: u32 = 1;
 
 impl Superblock {
     /// Most streams a superblock of `block_size` bytes can describe.
@@ -114,6 +123,10 @@ impl Superblock {
         w.u32(off::SEGMENT_BLOCKS, self.segment_blocks);
         w.u32(off::SEGMENT_COUNT, self.segment_count);
         w.u64(off::FIRST_SEGMENT_BLOCK, self.first_segment_block);
+        if let Some(seg) = self.snapshot {
+            w.u32(off::FLAGS, SB_FLAG_SNAPSHOT);
+            w.u32(off::SNAPSHOT_SEGMENT, seg);
+        }
         for (i, s) in self.streams.iter().enumerate() {
             let base = SB_STREAMS_OFFSET + i * SB_STREAM_SIZE;
             w.u64(base + stream_off::CHECKPOINT_SEQ, s.checkpoint_seq);
@@ -189,7 +202,15 @@ impl Superblock {
         if !r.zeros(rest, bytes.len() - rest) {
             return Err(bad("bytes after the last stream are not zero".into()));
         }
+        let flags = field(r.u32(off::FLAGS).map(u64::from))? as u32;
+        let snapshot_segment = field(r.u32(off::SNAPSHOT_SEGMENT).map(u64::from))? as u32;
+        let snapshot = match flags {
+            0 if snapshot_segment == 0 => None,
+            SB_FLAG_SNAPSHOT => Some(snapshot_segment),
+            _ => return Err(bad(format!("unknown flags {flags:#x}"))),
+        };
         let sb = Superblock {
+            snapshot,
             generation: field(r.u64(off::GENERATION))?,
             uuid,
             block_size,
@@ -213,6 +234,9 @@ impl Superblock {
             .and_then(|n| n.checked_add(self.first_segment_block));
         if end.is_none_or(|end| end > self.block_count) || self.first_segment_block < 2 {
             return Err("segments do not fit the device".into());
+        }
+        if self.snapshot.is_some_and(|seg| seg >= self.segment_count) {
+            return Err("snapshot segment outside the log".into());
         }
         for (i, s) in self.streams.iter().enumerate() {
             let seg_ok = |seg: u32| seg < self.segment_count;
@@ -263,6 +287,7 @@ mod tests {
                 };
                 2
             ],
+            snapshot: Some(3),
         }
     }
 
