@@ -79,6 +79,30 @@ pub struct Fs {
     max_tx_blocks: u64,
     pub(crate) segment_blocks: u32,
     pub(crate) mutant: Option<FsMutant>,
+    report: MountReport,
+}
+
+/// How a mount went.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct MountReport {
+    /// The state came from a clean-unmount snapshot (no scan, no replay).
+    pub from_snapshot: bool,
+    /// Blocks read from the device: the snapshot's, or the scan's.
+    pub blocks_read: u64,
+    /// Log transactions whose records were replayed (0 from a snapshot).
+    pub transactions_replayed: u64,
+    /// Inodes after mount.
+    pub inodes: u64,
+    /// Time from the start of mount to the state being ready.
+    #[serde(serialize_with = "crate::fs::secs")]
+    pub time: std::time::Duration,
+}
+
+fn secs<S: serde::Serializer>(
+    d: &std::time::Duration,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
 }
 
 pub(crate) fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -152,10 +176,37 @@ impl Fs {
         if opts.mutant.is_some() && !crate::mutant::available() {
             return Err(FsError::Invalid("mutants need the `mutants` feature"));
         }
-        let (log, recovery) = Log::open(dev, OpenOptions { mutant: opts.log_mutant })?;
-        let streams: Vec<_> = recovery.streams.into_iter().map(|s| s.txs).collect();
-        let ignore_versions = opts.mutant == Some(FsMutant::ReplayInLogOrder);
-        let mut st = State::replay(&streams, ignore_versions)?;
+        let started = std::time::Instant::now();
+        let log_opts = OpenOptions { mutant: opts.log_mutant };
+        let (mut log, mut recovery) = Log::open(dev.clone(), log_opts)?;
+        let mut report = MountReport::default();
+        let mut from_snapshot = None;
+        if let Some(payload) = recovery.snapshot.take() {
+            match crate::snapshot::decode(&payload) {
+                Ok(st) => from_snapshot = Some(st),
+                Err(e) => {
+                    // The log still holds everything the snapshot described: scan it.
+                    tracing::warn!("clean-unmount snapshot unusable ({e}); scanning the log");
+                    drop(log);
+                    (log, recovery) = Log::open(dev, log_opts)?;
+                }
+            }
+        }
+        report.blocks_read = recovery.blocks_scanned;
+        let mut st = match from_snapshot {
+            Some(st) => {
+                report.from_snapshot = true;
+                st
+            }
+            None => {
+                let streams: Vec<_> = recovery.streams.into_iter().map(|s| s.txs).collect();
+                report.transactions_replayed = streams.iter().map(|s| s.len() as u64).sum();
+                let ignore_versions = opts.mutant == Some(FsMutant::ReplayInLogOrder);
+                State::replay(&streams, ignore_versions)?
+            }
+        };
+        report.inodes = st.inodes.len() as u64;
+        report.time = started.elapsed();
         let bs = log.device().geometry().block_size;
         if st.block_size != bs {
             return Err(FsError::Corrupted(format!(
@@ -174,19 +225,38 @@ impl Fs {
             state: Mutex::new(st),
             cv: Condvar::new(),
             mutant: opts.mutant,
+            report,
         })
     }
 
-    /// Make everything durable and unmount.
+    /// How the mount went (snapshot or scan, blocks read, time).
+    #[must_use]
+    pub fn mount_report(&self) -> MountReport {
+        self.report
+    }
+
+    /// Make everything durable and unmount, writing a snapshot of the DRAM state so the next
+    /// mount reads it instead of scanning the log.
     ///
     /// # Errors
-    /// I/O errors; open explicit transactions (they are aborted first, then reported).
+    /// I/O errors; read-only after an earlier error; open explicit transactions (they are
+    /// aborted first, then reported).
     pub fn unmount(self) -> Result<()> {
         let open: Vec<TxnId> = lock(&self.state).txns.open.keys().copied().collect();
         for id in &open {
             self.abort(Txn { id: *id })?;
         }
-        self.log.sync()?;
+        self.log.sync().map_err(|e| self.fail(e))?;
+        let payload = {
+            let mut st = lock(&self.state);
+            if let Some(e) = &st.failed {
+                return Err(FsError::ReadOnly(e.clone()));
+            }
+            self.prune_cache(&mut st);
+            crate::snapshot::encode(&st)
+        };
+        let Fs { log, .. } = self;
+        log.close_clean(&payload)?;
         if !open.is_empty() {
             return Err(FsError::Invalid(
                 "explicit transactions were open at unmount and were aborted",

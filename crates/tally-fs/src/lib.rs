@@ -49,13 +49,14 @@ mod fs;
 mod fsck;
 mod mutant;
 pub mod record;
+mod snapshot;
 mod state;
 mod txn;
 mod types;
 
 pub use clean::FsCleanReport;
 pub use error::{FsError, Result};
-pub use fs::{Fs, MkfsOptions, MountOptions, Txn};
+pub use fs::{Fs, MkfsOptions, MountOptions, MountReport, Txn};
 pub use fsck::FsckReport;
 pub use mutant::{available as mutants_available, FsMutant};
 pub use types::*;

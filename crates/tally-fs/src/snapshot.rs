@@ -1,0 +1,376 @@
+//! The clean-unmount snapshot of the DRAM state: everything [`State::replay`] would rebuild from
+//! the log, so the next mount reads it instead of scanning (`docs/FORMAT.md`, "File-system
+//! snapshot"). It is handed to [`tally_log::Log::close_clean`], which stores it with its own
+//! checksum; decoding still checks every length and never panics, and a snapshot that does not
+//! decode makes mount fall back to scanning the log.
+
+use std::collections::{BTreeMap, HashMap};
+
+use tally_log::TxId;
+
+use crate::record::Record;
+use crate::state::{Block, Dentry, Dir, Inode, Key, State, Xattr};
+use crate::types::{FileKind, Ino};
+use crate::{FsError, Result};
+
+/// Magic at the start of the snapshot.
+pub const SNAPSHOT_MAGIC: [u8; 8] = *b"TALLYFSS";
+/// Its format version.
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+struct Out(Vec<u8>);
+
+impl Out {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn bytes8(&mut self, b: &[u8]) {
+        self.u8(b.len() as u8);
+        self.0.extend_from_slice(b);
+    }
+    fn bytes32(&mut self, b: &[u8]) {
+        self.u32(b.len() as u32);
+        self.0.extend_from_slice(b);
+    }
+    fn key(&mut self, k: &Key) {
+        match k {
+            Key::Fs => self.u8(0),
+            Key::Inode(i) => {
+                self.u8(1);
+                self.u64(*i);
+            }
+            Key::Dentry(d, n) => {
+                self.u8(2);
+                self.u64(*d);
+                self.bytes8(n);
+            }
+            Key::Block(i, b) => {
+                self.u8(3);
+                self.u64(*i);
+                self.u64(*b);
+            }
+            Key::Xattr(i, n) => {
+                self.u8(4);
+                self.u64(*i);
+                self.bytes8(n);
+            }
+        }
+    }
+}
+
+/// Encode the state. Called with no explicit transaction open and everything durable.
+pub(crate) fn encode(st: &State) -> Vec<u8> {
+    let mut o = Out(Vec::with_capacity(64 + st.inodes.len() * 160));
+    o.0.extend_from_slice(&SNAPSHOT_MAGIC);
+    o.u32(SNAPSHOT_VERSION);
+    o.u32(st.block_size);
+    o.u64(st.fs_ver);
+    o.u64(st.next_ino);
+    o.u64(st.next_ver);
+    // Sorted, so the same state always gives the same bytes.
+    let mut inos: Vec<&Ino> = st.inodes.keys().collect();
+    inos.sort_unstable();
+    o.u64(inos.len() as u64);
+    for inode in inos.into_iter().filter_map(|i| st.inodes.get(i)) {
+        let rec = Record::Inode { ver: inode.ver, attr: inode.attr, target: inode.target.clone() };
+        o.bytes32(&rec.encode());
+        o.u64(inode.blocks.len() as u64);
+        for (&b, block) in &inode.blocks {
+            let tx = block.tx.unwrap_or(TxId { stream: 0, seq: 0 });
+            o.u64(b);
+            o.u64(block.ver);
+            o.u32(block.crc);
+            o.u64(block.addr);
+            o.u16(tx.stream);
+            o.u64(tx.seq);
+        }
+        match &inode.dir {
+            None => o.u8(0),
+            Some(dir) => {
+                o.u8(1);
+                o.u64(dir.parent);
+                o.u64(dir.next_cookie);
+                o.u64(dir.entries.len() as u64);
+                let mut names: Vec<(&Vec<u8>, &Dentry)> = dir.entries.iter().collect();
+                names.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                for (name, d) in names {
+                    o.bytes8(name);
+                    o.u64(d.ino);
+                    o.u8(d.kind.code());
+                    o.u64(d.cookie);
+                    o.u64(d.ver);
+                }
+            }
+        }
+        o.u32(inode.xattrs.len() as u32);
+        for (name, x) in &inode.xattrs {
+            o.bytes8(name);
+            o.bytes32(&x.value);
+            o.u64(x.ver);
+        }
+    }
+    o.u64(st.key_count.len() as u64);
+    for (k, &c) in sorted(&st.key_count) {
+        o.key(k);
+        o.u32(c);
+    }
+    o.u64(st.ino_count.len() as u64);
+    for (&i, &c) in sorted(&st.ino_count) {
+        o.u64(i);
+        o.u32(c);
+    }
+    o.u64(st.tombs.len() as u64);
+    for (k, &v) in sorted(&st.tombs) {
+        o.key(k);
+        o.u64(v);
+    }
+    o.u64(st.freed.len() as u64);
+    for (&i, &v) in sorted(&st.freed) {
+        o.u64(i);
+        o.u64(v);
+    }
+    o.0
+}
+
+fn sorted<K: Ord, V>(m: &HashMap<K, V>) -> Vec<(&K, &V)> {
+    let mut v: Vec<(&K, &V)> = m.iter().collect();
+    v.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    v
+}
+
+struct In<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+fn bad(what: &str) -> FsError {
+    FsError::Corrupted(format!("snapshot: {what}"))
+}
+
+impl<'a> In<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.b.len())
+            .ok_or_else(|| bad("truncated"))?;
+        let s = &self.b[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16> {
+        let mut a = [0u8; 2];
+        a.copy_from_slice(self.take(2)?);
+        Ok(u16::from_le_bytes(a))
+    }
+    fn u32(&mut self) -> Result<u32> {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(a))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn bytes8(&mut self) -> Result<Vec<u8>> {
+        let n = usize::from(self.u8()?);
+        Ok(self.take(n)?.to_vec())
+    }
+    fn bytes32(&mut self) -> Result<&'a [u8]> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+    /// A count of items of at least `min` bytes each: never more than the bytes left allow.
+    fn count(&mut self, min: usize) -> Result<usize> {
+        let n = self.u64()?;
+        let left = (self.b.len() - self.at) / min.max(1);
+        usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= left)
+            .ok_or_else(|| bad("count beyond the bytes present"))
+    }
+    fn key(&mut self) -> Result<Key> {
+        Ok(match self.u8()? {
+            0 => Key::Fs,
+            1 => Key::Inode(self.u64()?),
+            2 => Key::Dentry(self.u64()?, self.bytes8()?),
+            3 => Key::Block(self.u64()?, self.u64()?),
+            4 => Key::Xattr(self.u64()?, self.bytes8()?),
+            t => return Err(bad(&format!("key tag {t}"))),
+        })
+    }
+}
+
+/// Decode a snapshot.
+///
+/// # Errors
+/// [`FsError::Corrupted`] for anything the format does not allow.
+pub(crate) fn decode(bytes: &[u8]) -> Result<State> {
+    let mut r = In { b: bytes, at: 0 };
+    if r.take(8)? != SNAPSHOT_MAGIC {
+        return Err(bad("magic"));
+    }
+    if r.u32()? != SNAPSHOT_VERSION {
+        return Err(bad("version"));
+    }
+    let mut st = State {
+        block_size: r.u32()?,
+        fs_ver: r.u64()?,
+        next_ino: r.u64()?,
+        next_ver: r.u64()?,
+        ..State::default()
+    };
+    let n = r.count(4)?;
+    for _ in 0..n {
+        let Record::Inode { ver, attr, target } = Record::decode(r.bytes32()?)? else {
+            return Err(bad("inode entry is not an inode record"));
+        };
+        let mut inode = Inode::new(attr, target, 0);
+        inode.ver = ver;
+        inode.dir = None;
+        let nb = r.count(38)?;
+        for _ in 0..nb {
+            let b = r.u64()?;
+            let ver = r.u64()?;
+            let crc = r.u32()?;
+            let addr = r.u64()?;
+            let tx = TxId { stream: r.u16()?, seq: r.u64()? };
+            inode.blocks.insert(b, Block { ver, crc, addr, tx: Some(tx), data: None });
+        }
+        match r.u8()? {
+            0 => {}
+            1 => {
+                let mut dir = Dir::new(r.u64()?);
+                let next_cookie = r.u64()?;
+                let ne = r.count(26)?;
+                for _ in 0..ne {
+                    let name = r.bytes8()?;
+                    let ino = r.u64()?;
+                    let code = r.u8()?;
+                    let kind = FileKind::from_code(code).ok_or_else(|| bad("entry kind"))?;
+                    let cookie = r.u64()?;
+                    let ver = r.u64()?;
+                    dir.insert(name, Dentry { ino, kind, cookie, ver });
+                }
+                dir.next_cookie = dir.next_cookie.max(next_cookie);
+                inode.dir = Some(dir);
+            }
+            _ => return Err(bad("directory flag")),
+        }
+        if (attr.kind == FileKind::Dir) != inode.dir.is_some() {
+            return Err(bad("directory without a name map, or a map on a non-directory"));
+        }
+        let nx = r.u32()?;
+        let mut xattrs = BTreeMap::new();
+        for _ in 0..nx {
+            let name = r.bytes8()?;
+            let value = r.bytes32()?.to_vec();
+            let ver = r.u64()?;
+            xattrs.insert(name, Xattr { value, ver });
+        }
+        inode.xattrs = xattrs;
+        if st.inodes.insert(attr.ino, inode).is_some() {
+            return Err(bad("an inode twice"));
+        }
+    }
+    let n = r.count(5)?;
+    let mut key_count = HashMap::with_capacity(n);
+    for _ in 0..n {
+        let k = r.key()?;
+        key_count.insert(k, r.u32()?);
+    }
+    st.key_count = key_count;
+    let n = r.count(12)?;
+    for _ in 0..n {
+        let i: Ino = r.u64()?;
+        st.ino_count.insert(i, r.u32()?);
+    }
+    let n = r.count(9)?;
+    for _ in 0..n {
+        let k = r.key()?;
+        st.tombs.insert(k, r.u64()?);
+    }
+    let n = r.count(16)?;
+    for _ in 0..n {
+        let i = r.u64()?;
+        st.freed.insert(i, r.u64()?);
+    }
+    if r.at != bytes.len() {
+        return Err(bad("trailing bytes"));
+    }
+    if st.fs_ver == 0 || st.inodes.get(&crate::types::ROOT).is_none_or(|i| i.dir.is_none()) {
+        return Err(bad("no file-system record or no root"));
+    }
+    Ok(st)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::fresh_attr;
+    use crate::types::{Timespec, ROOT};
+
+    fn sample() -> State {
+        let mut st =
+            State { block_size: 4096, fs_ver: 1, next_ino: 9, next_ver: 20, ..State::default() };
+        let t = Timespec { sec: 5, nsec: 6 };
+        let mut root =
+            Inode::new(fresh_attr(ROOT, FileKind::Dir, 0o755, 0, 0, t), Vec::new(), ROOT);
+        root.ver = 2;
+        if let Some(d) = root.dir.as_mut() {
+            d.insert(b"f".to_vec(), Dentry { ino: 7, kind: FileKind::File, cookie: 3, ver: 4 });
+        }
+        let mut f = Inode::new(fresh_attr(7, FileKind::File, 0o644, 1, 2, t), Vec::new(), ROOT);
+        f.ver = 4;
+        f.blocks.insert(
+            3,
+            Block { ver: 5, crc: 9, addr: 100, tx: Some(TxId { stream: 1, seq: 2 }), data: None },
+        );
+        f.xattrs.insert(b"user.x".to_vec(), Xattr { value: vec![1, 2], ver: 6 });
+        st.inodes.insert(ROOT, root);
+        st.inodes.insert(7, f);
+        st.key_count.insert(Key::Dentry(ROOT, b"g".to_vec()), 2);
+        st.ino_count.insert(7, 3);
+        st.tombs.insert(Key::Dentry(ROOT, b"g".to_vec()), 8);
+        st.freed.insert(8, 11);
+        st
+    }
+
+    #[test]
+    fn round_trip_keeps_everything() {
+        let st = sample();
+        let back = decode(&encode(&st)).unwrap();
+        assert_eq!(encode(&back), encode(&st));
+        assert_eq!(back.inodes[&7].blocks[&3].addr, 100);
+        assert_eq!(back.inodes[&ROOT].dir.as_ref().unwrap().entries[&b"f".to_vec()].cookie, 3);
+        assert_eq!(back.tombs[&Key::Dentry(ROOT, b"g".to_vec())], 8);
+    }
+
+    #[test]
+    fn damaged_snapshots_are_errors_not_panics() {
+        let bytes = encode(&sample());
+        for n in 0..bytes.len() {
+            assert!(decode(&bytes[..n]).is_err(), "cut at {n}");
+        }
+        let mut rng = fastrand::Rng::with_seed(11);
+        for _ in 0..5000 {
+            let mut b = bytes.clone();
+            let i = rng.usize(..b.len());
+            b[i] = rng.u8(..);
+            let _ = decode(&b);
+        }
+    }
+}
