@@ -206,3 +206,99 @@ fn live(st: &State, rec: &Record, key: &Key, tombstones_kept: bool) -> bool {
         }
     }
 }
+
+/// What one [`Fs::maintain`] round did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MaintainReport {
+    /// Committed changes were made durable (data was held in memory, or a flush was due).
+    pub synced: bool,
+    /// Segments cleaning returned to the free pool.
+    pub segments_freed: u32,
+}
+
+/// Cleaning starts when fewer than this fraction (in percent) of the segments are free.
+const CLEAN_BELOW_FREE_PERCENT: u64 = 25;
+
+impl Fs {
+    /// One round of background work: make committed changes durable (bounding what a crash can
+    /// lose to one round, as ext4's commit interval does, and releasing the data held in memory
+    /// until durable), then clean the oldest segments while less than a quarter of the log is
+    /// free. Skips cleaning while explicit transactions are open.
+    ///
+    /// # Errors
+    /// I/O errors (the file system is then read-only).
+    pub fn maintain(&self) -> Result<MaintainReport> {
+        let mut report = MaintainReport::default();
+        let dirty = !lock(&self.state).cached.is_empty();
+        if dirty {
+            self.sync()?;
+            report.synced = true;
+        }
+        let total = self.log.device().geometry().block_count / u64::from(self.segment_blocks);
+        let mut st = lock(&self.state);
+        for _ in 0..total {
+            let free = u64::from(self.log.free_segments());
+            if free * 100 >= total * CLEAN_BELOW_FREE_PERCENT {
+                break;
+            }
+            let before = self.log.free_segments();
+            match self.clean_some(&mut st) {
+                Ok(true) => {
+                    report.segments_freed += self.log.free_segments().saturating_sub(before)
+                }
+                Ok(false) | Err(FsError::NoSpace) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// A thread running [`Fs::maintain`] every interval; stops (and is joined) when dropped, or by
+/// itself once the file system is dropped.
+pub struct Maintenance {
+    stop: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Maintenance {
+    /// Start the thread. It holds only a weak reference to the file system.
+    #[must_use]
+    pub fn spawn(fs: &std::sync::Arc<Fs>, every: std::time::Duration) -> Maintenance {
+        let weak = std::sync::Arc::downgrade(fs);
+        let stop = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("tally-fs-maintain".into())
+            .spawn(move || loop {
+                {
+                    let (m, cv) = &*flag;
+                    let guard = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let (guard, _) = cv
+                        .wait_timeout_while(guard, every, |stopped| !*stopped)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if *guard {
+                        return;
+                    }
+                }
+                let Some(fs) = weak.upgrade() else { return };
+                if let Err(e) = fs.maintain() {
+                    tracing::error!("background maintenance failed: {e}");
+                    return;
+                }
+            })
+            .ok();
+        Maintenance { stop, thread }
+    }
+}
+
+impl Drop for Maintenance {
+    fn drop(&mut self) {
+        let (m, cv) = &*self.stop;
+        *m.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+        cv.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

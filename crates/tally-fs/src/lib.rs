@@ -54,7 +54,7 @@ mod state;
 mod txn;
 mod types;
 
-pub use clean::FsCleanReport;
+pub use clean::{FsCleanReport, MaintainReport, Maintenance};
 pub use error::{FsError, Result};
 pub use fs::{Fs, MkfsOptions, MountOptions, MountReport, Txn};
 pub use fsck::FsckReport;

@@ -255,3 +255,37 @@ fn clean_unmount_snapshot_equals_a_full_replay_and_is_used_once() {
     );
     assert!(fs.fsck().is_clean());
 }
+
+#[test]
+fn maintenance_makes_changes_durable_and_cleans_below_a_quarter_free() {
+    let dev = fresh(800, 2, 16);
+    let fs = Arc::new(mount(&dev));
+    let f = fs.create(None, ROOT, b"f", 0o644, ME).unwrap();
+    let total = 800 / 16;
+    let mut i = 0u32;
+    while fs.log().free_segments() * 100 >= total * 20 {
+        fs.write(None, f.ino, 0, &i.to_le_bytes().repeat(1024)).unwrap();
+        i += 1;
+    }
+    let flushes = fs.log().stats().flush_rounds;
+    let r = fs.maintain().unwrap();
+    assert!(r.synced && fs.log().stats().flush_rounds > flushes, "{r:?}");
+    assert!(r.segments_freed > 0, "{r:?}");
+    assert!(fs.log().free_segments() * 100 >= total * 25);
+    assert_eq!(fs.maintain().unwrap(), tally_fs::MaintainReport::default(), "nothing left to do");
+
+    // The thread does the same on its own.
+    let m = tally_fs::Maintenance::spawn(&fs, std::time::Duration::from_millis(2));
+    fs.write(None, f.ino, 0, b"last").unwrap();
+    let flushes = fs.log().stats().flush_rounds;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while fs.log().stats().flush_rounds == flushes && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    assert!(fs.log().stats().flush_rounds > flushes, "the thread made the write durable");
+    drop(m);
+    drop(fs);
+    let fs = mount(&dev);
+    assert_eq!(fs.read(f.ino, 0, 4).unwrap(), b"last");
+    assert!(fs.fsck().is_clean());
+}
