@@ -6,8 +6,10 @@
 
 pub mod device;
 pub mod explore;
+pub mod pmem;
 
 pub use device::{
     CompletionPolicy, CrashConfig, CrashDevice, CrashImages, CrashOptions, CrashPoint, CrashReport,
     FaultPlan,
 };
+pub use pmem::{PmemCrashImages, PmemCrashOptions, PmemSim, PmemSimStats};
