@@ -32,6 +32,12 @@ pub enum BenchError {
     /// What recovery found is not what was written.
     #[error("recovery check failed: {0}")]
     Mismatch(String),
+    /// The file system failed, or found something else than was written.
+    #[error("file system: {reason}")]
+    Failed {
+        /// Why.
+        reason: String,
+    },
 }
 
 impl BenchError {

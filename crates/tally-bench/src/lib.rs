@@ -3,7 +3,9 @@
 //! - [`tx`]: transactions per second of each commit mode of the log on a file device, with the
 //!   costs behind them (flushes, submissions, syscalls, bytes and CPU per transaction) and the
 //!   ratios between modes measured in the same run;
-//! - [`recovery`]: how fast [`tally_log::Log::open`] scans a full log.
+//! - [`recovery`]: how fast [`tally_log::Log::open`] scans a full log;
+//! - [`fs`]: the file system's stream policies (per file, per thread, one stream) and its two
+//!   mount paths (clean-unmount snapshot, scan after a crash).
 //!
 //! Rules every benchmark here keeps (STYLE.md rule 13, DESIGN.md §5):
 //! - results are ratios measured in one run, each with the machine and the device's flush
@@ -15,6 +17,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod error;
+pub mod fs;
 pub mod measure;
 pub mod recovery;
 pub mod target;

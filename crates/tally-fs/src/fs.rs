@@ -36,9 +36,24 @@ impl Default for MkfsOptions {
     }
 }
 
+/// How operations are spread over the log's streams.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub enum StreamPolicy {
+    /// Stream `ino % streams` of the file written (the directory, for namespace operations):
+    /// `fsync` of a file waits only for that stream's prefix, and operations on one file never
+    /// need a cross-stream dependency.
+    #[default]
+    PerFile,
+    /// Stream of the calling thread (threads numbered in order of first use): threads never
+    /// share a stream's submission path, files touched by several threads gather dependencies.
+    PerThread,
+}
+
 /// Options of [`Fs::mount`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MountOptions {
+    /// How operations are spread over streams.
+    pub streams: StreamPolicy,
     /// A deliberately broken variant of the file system (needs the `mutants` feature).
     pub mutant: Option<FsMutant>,
     /// A deliberately broken variant of the log underneath.
@@ -79,6 +94,7 @@ pub struct Fs {
     max_tx_blocks: u64,
     pub(crate) segment_blocks: u32,
     pub(crate) mutant: Option<FsMutant>,
+    policy: StreamPolicy,
     report: MountReport,
 }
 
@@ -103,6 +119,14 @@ fn secs<S: serde::Serializer>(
     s: S,
 ) -> std::result::Result<S::Ok, S::Error> {
     s.serialize_f64(d.as_secs_f64())
+}
+
+/// A small number per thread, in order of first use.
+fn thread_slot() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    thread_local!(static SLOT: u64 = NEXT.fetch_add(1, Ordering::Relaxed));
+    SLOT.with(|s| *s)
 }
 
 pub(crate) fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -225,6 +249,7 @@ impl Fs {
             state: Mutex::new(st),
             cv: Condvar::new(),
             mutant: opts.mutant,
+            policy: opts.streams,
             report,
         })
     }
@@ -499,7 +524,11 @@ impl Fs {
     }
 
     fn stream_of(&self, ino: Ino) -> u16 {
-        (ino % u64::from(self.streams.max(1))) as u16
+        let n = u64::from(self.streams.max(1));
+        match self.policy {
+            StreamPolicy::PerFile => (ino % n) as u16,
+            StreamPolicy::PerThread => (thread_slot() % n) as u16,
+        }
     }
 
     /// Commit one operation outside any explicit transaction.

@@ -56,7 +56,7 @@ mod types;
 
 pub use clean::{FsCleanReport, MaintainReport, Maintenance};
 pub use error::{FsError, Result};
-pub use fs::{Fs, MkfsOptions, MountOptions, MountReport, Txn};
+pub use fs::{Fs, MkfsOptions, MountOptions, MountReport, StreamPolicy, Txn};
 pub use fsck::FsckReport;
 pub use mutant::{available as mutants_available, FsMutant};
 pub use types::*;

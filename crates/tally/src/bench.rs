@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use tally_bench::fs::{FsOptions, FsReport};
 use tally_bench::recovery::{RecoveryOptions, RecoveryReport};
 use tally_bench::tx::{TxOptions, TxReport};
 use tally_bench::{parse_size, BenchError};
@@ -19,6 +20,41 @@ pub enum Command {
     Tx(TxArgs),
     /// How fast opening a full log scans it (recovery).
     Recovery(RecoveryArgs),
+    /// The file system: create+write+fsync per stream policy, and mount after a clean unmount
+    /// (snapshot) against mount after a crash (scan).
+    Fs(FsArgs),
+}
+
+/// Arguments of `tally bench fs`.
+#[derive(Debug, clap::Args)]
+pub struct FsArgs {
+    /// File to run on (O_DIRECT; not tmpfs). A missing file is created and removed afterwards.
+    #[arg(long)]
+    path: PathBuf,
+    /// Size of the image, e.g. 512M.
+    #[arg(long, default_value = "512M", value_parser = parse_size)]
+    size: u64,
+    /// Threads, each in its own directory.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    threads: u32,
+    /// Streams of the multi-stream file systems.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=63))]
+    streams: u16,
+    /// Files (create + write + fsync) per thread.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
+    files: u32,
+    /// Runs per policy; the report gives the median and the min–max spread.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    runs: u32,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Keep the file the benchmark created.
+    #[arg(long)]
+    keep: bool,
+    /// Run on an existing non-empty file or block device (overwrites it).
+    #[arg(long)]
+    force: bool,
 }
 
 /// Arguments of `tally bench tx`.
@@ -121,7 +157,64 @@ pub fn run(cmd: &Command) -> ExitCode {
             };
             finish(tally_bench::recovery::run(&options, &progress), a.json, recovery_table)
         }
+        Command::Fs(a) => {
+            let options = FsOptions {
+                path: a.path.clone(),
+                size_mib: a.size >> 20,
+                streams: a.streams,
+                threads: a.threads,
+                files: a.files,
+                runs: a.runs,
+                keep: a.keep,
+                force: a.force,
+                ..FsOptions::default()
+            };
+            finish(tally_bench::fs::run(&options, &progress), a.json, fs_table)
+        }
     }
+}
+
+fn fs_table(r: &FsReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} threads x {} files (create + {} B write + fsync), {} CPUs; median [min-max] of the runs",
+        r.threads, r.files, r.write_bytes, r.cpu_count
+    );
+    let base = r.policies.first().map_or(1.0, |p| p.rounds_per_s.median);
+    let _ = writeln!(
+        out,
+        "{:<14} {:>7} {:>26} {:>9} {:>20} {:>20}",
+        "policy", "streams", "rounds/s", "vs first", "flushes/fsync", "CPU us/round"
+    );
+    for p in &r.policies {
+        let s = |x: &tally_bench::Spread, d: usize| {
+            format!("{:.d$} [{:.d$}-{:.d$}]", x.median, x.min, x.max)
+        };
+        let _ = writeln!(
+            out,
+            "{:<14} {:>7} {:>26} {:>8.2}x {:>20} {:>20}",
+            p.policy,
+            p.streams,
+            s(&p.rounds_per_s, 0),
+            p.rounds_per_s.median / base,
+            s(&p.flushes_per_fsync, 2),
+            s(&p.cpu_us_per_round, 0)
+        );
+    }
+    let m = &r.mount;
+    let _ = writeln!(
+        out,
+        "mount of {} inodes: snapshot {:.2} ms ({} blocks read), scan {:.2} ms ({} blocks read, {} transactions replayed): scan/snapshot {:.1}x",
+        m.snapshot.inodes,
+        m.snapshot.time.as_secs_f64() * 1e3,
+        m.snapshot.blocks_read,
+        m.scan.time.as_secs_f64() * 1e3,
+        m.scan.blocks_read,
+        m.scan.transactions_replayed,
+        m.scan_over_snapshot
+    );
+    out
 }
 
 fn finish<R: serde::Serialize>(
