@@ -1524,7 +1524,12 @@ impl Fs {
         let mut overrides = HashMap::new();
         for (&dir, diff) in &t.dir_diffs {
             if st.txns.locks.get(&Key::Inode(dir)) == Some(&txn.id) {
-                continue; // locked whole: its memory version is what to write
+                // Locked whole (no other transaction can hold a delta on it): its memory
+                // version is what to write, and becomes its storage version.
+                if let Some(i) = st.inodes.get(&dir) {
+                    overrides.insert(dir, i.attr);
+                }
+                continue;
             }
             if let Some(stored) = st.inodes.get(&dir).and_then(|i| i.stored) {
                 let mut s = stored;

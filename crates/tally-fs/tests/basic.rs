@@ -289,3 +289,20 @@ fn maintenance_makes_changes_durable_and_cleans_below_a_quarter_free() {
     assert_eq!(fs.read(f.ino, 0, 4).unwrap(), b"last");
     assert!(fs.fsck().is_clean());
 }
+
+/// Found by the model test: a transaction that adds an entry to a directory and also changes
+/// the directory's own attributes must keep both in memory after commit.
+#[test]
+fn commit_keeps_a_chmod_of_a_directory_the_transaction_also_added_to() {
+    let dev = fresh(4096, 1, 16);
+    let fs = mount(&dev);
+    let t = fs.begin().unwrap();
+    fs.mknod(Some(&t), ROOT, b"c", tally_fs::FileKind::Fifo, 0o640, 0, ME).unwrap();
+    fs.setattr(Some(&t), ROOT, &SetAttr { perm: Some(0o700), ..SetAttr::default() }).unwrap();
+    fs.commit(t).unwrap();
+    let a = fs.getattr(ROOT).unwrap();
+    assert_eq!(a.perm, 0o700);
+    fs.unmount().unwrap();
+    let fs = mount(&dev);
+    assert_eq!(fs.getattr(ROOT).unwrap(), a);
+}
