@@ -63,7 +63,7 @@ pub struct MountOptions {
 /// Data bytes held in memory until durable before the file system makes them durable itself.
 const CACHE_LIMIT: usize = 64 << 20;
 /// Free log segments kept for deletes and cleaning: operations that add data or objects fail
-/// with `ENOSPC` below this, deletes and truncates may use them.
+/// with `ENOSPC` when no more than this many are free; deletes and truncates may use them.
 pub(crate) const RESERVED_SEGMENTS: u32 = 2;
 
 /// An open explicit transaction; pass it to operations, then to [`Fs::commit`],
@@ -482,22 +482,22 @@ impl Fs {
                     return Err(FsError::NoTxn);
                 }
             }
-            if grows {
-                // Clean while space is low and cleaning frees something; the reserve keeps
-                // room for the relocations themselves.
-                for _ in 0..self.streams.max(1) * 4 {
-                    if self.log.free_segments() > RESERVED_SEGMENTS + 1 {
-                        break;
-                    }
-                    match self.clean_some(&mut st) {
-                        Ok(true) => {}
-                        Ok(false) | Err(FsError::NoSpace) => break,
-                        Err(e) => return Err(e),
-                    }
+            // Clean while space is low and cleaning frees something (any operation: deletes
+            // need room for their records too); cleaning plans its relocations before writing,
+            // so it fails cleanly when even they do not fit.
+            for _ in 0..self.streams.max(1) * 4 {
+                if self.log.free_segments() > RESERVED_SEGMENTS + 1 {
+                    break;
                 }
-                if self.log.free_segments() < RESERVED_SEGMENTS {
-                    return Err(FsError::NoSpace);
+                match self.clean_some(&mut st) {
+                    Ok(true) => {}
+                    Ok(false) | Err(FsError::NoSpace) => break,
+                    Err(e) => return Err(e),
                 }
+            }
+            // Operations that add data or objects leave the reserve to deletes and cleaning.
+            if grows && self.log.free_segments() <= RESERVED_SEGMENTS {
+                return Err(FsError::NoSpace);
             }
             let mut cx = Cx::new(id);
             match f(&mut st, &mut cx) {
@@ -1234,7 +1234,9 @@ impl Fs {
 
     /// Write `data` at `offset` (any offset and length; a gap past the end becomes a hole).
     /// Copy-on-write: new blocks, partial blocks merged in memory. A write larger than a
-    /// transaction can hold is split into several transactions, each atomic.
+    /// transaction can hold is split into several transactions, each atomic; if a later one
+    /// fails (out of space) after earlier ones committed, the count written so far is returned
+    /// (a short write, as POSIX has it).
     ///
     /// # Errors
     /// `ENOENT`, `EISDIR`, `EINVAL`, `EFBIG`, `ENOSPC`, `EIO`, `EBUSY`.
@@ -1253,8 +1255,12 @@ impl Fs {
         while at < end {
             let stop = end.min((at / bs * bs).saturating_add(chunk));
             let part = &data[(at - offset) as usize..(stop - offset) as usize];
-            self.op(txn, ino, true, |st, cx| self.write_part(st, cx, ino, at, part))?;
-            at = stop;
+            match self.op(txn, ino, true, |st, cx| self.write_part(st, cx, ino, at, part)) {
+                Ok(()) => at = stop,
+                // A short write, as POSIX has it: the parts written are committed.
+                Err(_) if at > offset => return Ok((at - offset) as usize),
+                Err(e) => return Err(e),
+            }
         }
         Ok(data.len())
     }

@@ -306,3 +306,59 @@ fn commit_keeps_a_chmod_of_a_directory_the_transaction_also_added_to() {
     let fs = mount(&dev);
     assert_eq!(fs.getattr(ROOT).unwrap(), a);
 }
+
+#[test]
+fn a_full_file_system_says_enospc_stays_consistent_and_deletes_still_work() {
+    let dev = fresh(1200, 2, 16);
+    let fs = mount(&dev);
+    let mut files = Vec::new();
+    let mut full = None;
+    for i in 0..10_000u32 {
+        let name = format!("f{i}");
+        let r = fs.create(None, ROOT, name.as_bytes(), 0o644, ME).and_then(|a| {
+            files.push(name.clone());
+            fs.write(None, a.ino, 0, &[i as u8; 3 * 4096]).map(|_| a)
+        });
+        if let Err(e) = r {
+            full = Some(e);
+            break;
+        }
+    }
+    let e = full.expect("a 1200-block device fills up");
+    assert!(matches!(e, FsError::NoSpace), "{e:?}");
+    assert!(fs.fsck().is_clean(), "{:?}", fs.fsck().problems);
+    // Deletes use the reserve and always work; then there is room again.
+    for name in &files {
+        fs.unlink(None, ROOT, name.as_bytes()).unwrap();
+    }
+    let g = fs.create(None, ROOT, b"again", 0o644, ME).unwrap();
+    fs.write(None, g.ino, 0, &[1u8; 3 * 4096]).unwrap();
+    fs.sync().unwrap();
+    assert!(fs.fsck().is_clean());
+    drop(fs);
+    let fs = mount(&dev);
+    assert_eq!(names(&fs, ROOT), ["again"]);
+    assert!(fs.fsck().is_clean());
+}
+
+#[test]
+fn files_reach_a_tebibyte_and_names_255_bytes() {
+    let dev = fresh(4096, 2, 64);
+    let fs = mount(&dev);
+    let long = vec![b'n'; 255];
+    let f = fs.create(None, ROOT, &long, 0o644, ME).unwrap();
+    assert!(matches!(fs.create(None, ROOT, &[b'n'; 256], 0o644, ME), Err(FsError::NameTooLong)));
+    let end = (1u64 << 40) + 4096;
+    fs.write(None, f.ino, end - 5, b"tail!").unwrap();
+    assert!(matches!(
+        fs.write(None, f.ino, tally_fs::FILE_SIZE_MAX, b"x"),
+        Err(FsError::FileTooBig)
+    ));
+    fs.unmount().unwrap();
+    let fs = mount(&dev);
+    let f = fs.lookup(ROOT, &long).unwrap();
+    assert_eq!(f.size, end);
+    assert_eq!(fs.read(f.ino, end - 5, 10).unwrap(), b"tail!");
+    assert_eq!(fs.read(f.ino, 1 << 39, 3).unwrap(), [0, 0, 0]);
+    assert_eq!(fs.allocated_blocks(f.ino).unwrap(), 1, "sparse: only the block written");
+}
