@@ -362,3 +362,41 @@ fn files_reach_a_tebibyte_and_names_255_bytes() {
     assert_eq!(fs.read(f.ino, 1 << 39, 3).unwrap(), [0, 0, 0]);
     assert_eq!(fs.allocated_blocks(f.ino).unwrap(), 1, "sparse: only the block written");
 }
+
+/// A million inodes (1,000 directories of 1,000 files, created 1,000 per explicit
+/// transaction), then a clean remount and a crash remount. Slow in debug builds: run with
+/// `cargo test --release -p tally-fs --test basic -- --ignored a_million`.
+#[test]
+#[ignore = "a million inodes: about a minute in release; run by hand (docs/FS.md has the figures)"]
+fn a_million_inodes() {
+    let dev = fresh(1 << 20, 4, 1024);
+    let fs = mount(&dev);
+    let t0 = std::time::Instant::now();
+    for d in 0..1000u32 {
+        let dir = fs.mkdir(None, ROOT, format!("d{d}").as_bytes(), 0o755, ME).unwrap();
+        let t = fs.begin().unwrap();
+        for f in 0..1000u32 {
+            fs.create(Some(&t), dir.ino, format!("f{f}").as_bytes(), 0o644, ME).unwrap();
+        }
+        fs.commit(t).unwrap();
+    }
+    fs.sync().unwrap();
+    let created = t0.elapsed();
+    assert_eq!(fs.statfs().files, 1_001_001);
+    let t1 = std::time::Instant::now();
+    fs.unmount().unwrap();
+    let unmounted = t1.elapsed();
+    let fs = mount(&dev);
+    let snap = fs.mount_report();
+    assert!(snap.from_snapshot);
+    assert_eq!(fs.statfs().files, 1_001_001);
+    drop(fs);
+    let fs = mount(&dev);
+    let scan = fs.mount_report();
+    assert_eq!(fs.statfs().files, 1_001_001);
+    assert!(fs.fsck().is_clean());
+    eprintln!(
+        "a million inodes: created in {created:?}; unmount (snapshot) {unmounted:?}; mount from snapshot {:?} ({} blocks); mount by scan {:?} ({} blocks, {} transactions)",
+        snap.time, snap.blocks_read, scan.time, scan.blocks_read, scan.transactions_replayed
+    );
+}
