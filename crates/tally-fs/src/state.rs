@@ -243,8 +243,7 @@ impl State {
             }
         }
         if !ignore_versions {
-            // Within one version (one operation), attributes before entries before data, so an
-            // entry's inode exists when the entry is applied; `Free` last.
+            // Within one version (one operation), `Free` after the rest.
             recs.sort_by_key(|(r, ..)| (r.ver(), replay_rank(r)));
         }
         // An inode freed later makes every earlier record of it irrelevant, even if cleaning
@@ -256,8 +255,15 @@ impl State {
                 *e = (*e).max(*ver);
             }
         }
+        // Inodes first, then what belongs to them: cleaning relocates a live entry or extent
+        // with its old version, while its inode's only surviving attribute record may be newer
+        // (the older ones were dead and dropped), so version order alone could meet a child
+        // before its inode exists.
+        let (inodes, children): (Vec<_>, Vec<_>) = recs.into_iter().partition(|(r, ..)| {
+            matches!(r, Record::Fs { .. } | Record::Inode { .. } | Record::Free { .. })
+        });
         let mut st = State { next_ino: ROOT + 1, next_ver: 1, ..State::default() };
-        for (rec, tx, data_start, data_count) in recs {
+        for (rec, tx, data_start, data_count) in inodes.into_iter().chain(children) {
             let key = Key::of(&rec);
             st.count(&key);
             st.next_ver = st.next_ver.max(rec.ver() + 1);
