@@ -214,6 +214,8 @@ pub struct MaintainReport {
     pub synced: bool,
     /// Segments cleaning returned to the free pool.
     pub segments_freed: u32,
+    /// Of the segments cleaned, those cleaned because less than half of them was live.
+    pub mostly_dead_cleaned: u32,
 }
 
 /// Cleaning starts when fewer than this fraction (in percent) of the segments are free.
@@ -222,8 +224,10 @@ const CLEAN_BELOW_FREE_PERCENT: u64 = 25;
 impl Fs {
     /// One round of background work: make committed changes durable (bounding what a crash can
     /// lose to one round, as ext4's commit interval does, and releasing the data held in memory
-    /// until durable), then clean the oldest segments while less than a quarter of the log is
-    /// free. Skips cleaning while explicit transactions are open.
+    /// until durable); clean each stream's oldest segment while less than half of it is live
+    /// (thorough cleaning: what is live moves, the segment is freed); then clean the oldest
+    /// segments while less than a quarter of the log is free. Skips cleaning while explicit
+    /// transactions are open.
     ///
     /// # Errors
     /// I/O errors (the file system is then read-only).
@@ -236,6 +240,26 @@ impl Fs {
         }
         let total = self.log.device().geometry().block_count / u64::from(self.segment_blocks);
         let mut st = lock(&self.state);
+        // Thorough cleaning: a stream's oldest segment less than half live is worth moving.
+        if st.txns.open.is_empty() {
+            for stream in 0..self.streams {
+                for _ in 0..total {
+                    if !self.oldest_mostly_dead(&mut st, stream)? {
+                        break;
+                    }
+                    let before = self.log.free_segments();
+                    match self.clean_locked(&mut st, stream, 1) {
+                        Ok(_) => {
+                            report.mostly_dead_cleaned += 1;
+                            report.segments_freed +=
+                                self.log.free_segments().saturating_sub(before);
+                        }
+                        Err(FsError::NoSpace) => break,
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
         for _ in 0..total {
             let free = u64::from(self.log.free_segments());
             if free * 100 >= total * CLEAN_BELOW_FREE_PERCENT {
@@ -251,6 +275,49 @@ impl Fs {
             }
         }
         Ok(report)
+    }
+}
+
+impl Fs {
+    /// Is less than half of `stream`'s oldest segment (bytes of records and data blocks) live?
+    /// Measured by reading the segment; not measured again for the same segment until data
+    /// blocks amounting to half a segment have died since (records only ever die).
+    fn oldest_mostly_dead(&self, st: &mut State, stream: u16) -> Result<bool> {
+        let Some(&(segment, dead_then)) = st.liveness_checked.get(&stream) else {
+            return self.measure_oldest(st, stream);
+        };
+        let current = self.log.segment_usage(stream)?.first().map(|u| u.segment);
+        let died = st.dead_blocks.saturating_sub(dead_then);
+        if current == Some(segment) && died < u64::from(self.segment_blocks / 2) {
+            return Ok(false);
+        }
+        self.measure_oldest(st, stream)
+    }
+
+    fn measure_oldest(&self, st: &mut State, stream: u16) -> Result<bool> {
+        let Some((segment, txs)) = self.log.oldest_segment_transactions(stream)? else {
+            return Ok(false);
+        };
+        let bs = u64::from(self.bs);
+        let (mut total, mut alive) = (0u64, 0u64);
+        for tx in &txs {
+            total += u64::from(tx.data_count) * bs;
+            for bytes in &tx.records {
+                let rec = Record::decode(bytes)?;
+                let key = Key::of(&rec);
+                let data = matches!(rec, Record::Extent { data, .. } if data != DATA_HOLE);
+                let size = bytes.len() as u64 + if data { bs } else { 0 };
+                total += bytes.len() as u64;
+                if live(st, &rec, &key, true) {
+                    alive += size;
+                }
+            }
+        }
+        let mostly_dead = alive * 2 < total;
+        if !mostly_dead {
+            st.liveness_checked.insert(stream, (segment, st.dead_blocks));
+        }
+        Ok(mostly_dead)
     }
 }
 

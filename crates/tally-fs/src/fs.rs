@@ -121,6 +121,26 @@ fn secs<S: serde::Serializer>(
     s.serialize_f64(d.as_secs_f64())
 }
 
+/// Committed data blocks that a committed change of `touched` (with pre-images `undo`) made
+/// dead: overwritten or removed blocks, and every block of a freed inode. A hint for cleaning.
+fn dying_blocks(st: &State, touched: &BTreeSet<Key>, undo: &[crate::txn::Undo]) -> u64 {
+    let mut n = 0;
+    for u in undo {
+        let crate::txn::Undo::Inode(ino, Some(old)) = u else { continue };
+        match st.inodes.get(ino) {
+            None => n += old.blocks.values().filter(|b| b.tx.is_some()).count() as u64,
+            Some(_) => {
+                for key in touched.range(Key::Block(*ino, 0)..=Key::Block(*ino, u64::MAX)) {
+                    if let Key::Block(_, b) = key {
+                        n += u64::from(old.blocks.get(b).is_some_and(|b| b.tx.is_some()));
+                    }
+                }
+            }
+        }
+    }
+    n
+}
+
 /// A small number per thread, in order of first use.
 fn thread_slot() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -549,7 +569,10 @@ impl Fs {
             return self.persist(st, &rest, &overrides, ver2, stream, &deps).map(|_| ());
         }
         match self.persist(st, &cx.touched, &overrides, ver, stream, &deps) {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                st.dead_blocks += dying_blocks(st, &cx.touched, &cx.undo);
+                Ok(())
+            }
             Err(e) => {
                 cx.rollback(st);
                 Err(e)
@@ -1548,6 +1571,8 @@ impl Fs {
         let result = self.persist(&mut st, &t.touched, &overrides, ver, stream, &deps);
         match &result {
             Ok(_) => {
+                let dying = dying_blocks(&st, &t.touched, &t.undo);
+                st.dead_blocks += dying;
                 for (&dir, s) in &overrides {
                     if let Some(i) = st.inodes.get_mut(&dir) {
                         i.stored = Some(*s);

@@ -179,6 +179,11 @@ pub(crate) struct State {
     pub txns: crate::txn::Txns,
     /// Set after a failed write or flush: every change fails until remount.
     pub failed: Option<String>,
+    /// Per stream: the oldest segment last found at least half live, and `dead_blocks` then
+    /// (cleaning does not measure it again until it changes or enough data has died).
+    pub liveness_checked: HashMap<u16, (u32, u64)>,
+    /// Committed data blocks made dead since mount (a hint of when to measure liveness again).
+    pub dead_blocks: u64,
 }
 
 impl State {

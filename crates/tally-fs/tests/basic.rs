@@ -422,3 +422,32 @@ fn records_relocated_by_cleaning_older_than_their_inode_still_mount() {
     assert_eq!(dump(&fs), before);
     assert!(fs.fsck().is_clean());
 }
+
+#[test]
+fn maintenance_moves_mostly_dead_segments_and_leaves_live_ones() {
+    // Plenty of free space: only the liveness rule can make maintenance clean.
+    let dev = fresh(4096, 1, 16);
+    let fs = mount(&dev);
+    // The oldest segments: one file written once, never changed (live).
+    let keep = fs.create(None, ROOT, b"keep", 0o644, ME).unwrap();
+    fs.write(None, keep.ino, 0, &[9u8; 40 * 4096]).unwrap();
+    let r = fs.maintain().unwrap();
+    assert_eq!(r.mostly_dead_cleaned, 0, "a live oldest segment is left alone: {r:?}");
+    // Then a file rewritten in place many times: its old blocks die.
+    let hot = fs.create(None, ROOT, b"hot", 0o644, ME).unwrap();
+    for i in 0..200u32 {
+        fs.write(None, hot.ino, 0, &i.to_le_bytes().repeat(1024)).unwrap();
+    }
+    let r = fs.maintain().unwrap();
+    assert_eq!(r.mostly_dead_cleaned, 0, "the oldest segment is still the live one: {r:?}");
+    // Deleting the live file makes the oldest segments dead; now they are worth moving.
+    fs.unlink(None, ROOT, b"keep").unwrap();
+    let free = fs.log().free_segments();
+    let r = fs.maintain().unwrap();
+    assert!(r.mostly_dead_cleaned > 0 && fs.log().free_segments() > free, "{r:?}");
+    drop(fs);
+    let fs = mount(&dev);
+    assert_eq!(names(&fs, ROOT), ["hot"]);
+    assert_eq!(fs.read(hot.ino, 0, 4).unwrap(), 199u32.to_le_bytes());
+    assert!(fs.fsck().is_clean());
+}

@@ -74,6 +74,38 @@ impl Log {
         Ok(out)
     }
 
+    /// The transactions whose spans end in the oldest segment of `stream`'s chain, read from
+    /// the device, with that segment; `None` when the chain holds only the current segment
+    /// (nothing to clean). For the layer above to judge how much of the segment is live before
+    /// cleaning it.
+    ///
+    /// # Errors
+    /// An unknown stream, I/O errors.
+    pub fn oldest_segment_transactions(
+        &self,
+        stream: u16,
+    ) -> Result<Option<(u32, Vec<RecoveredTx>)>> {
+        let st = self
+            .streams
+            .get(usize::from(stream))
+            .ok_or_else(|| LogError::Invalid(format!("no stream {stream}")))?;
+        let (segment, first, upto) = {
+            let st = lock(st);
+            let Some(&segment) = st.chain.front().filter(|_| st.chain.len() > 1) else {
+                return Ok(None);
+            };
+            let mut in_it = st.placed.iter().filter(|p| p.end_segment == segment);
+            let Some(first) = in_it.next().map(|p| p.seq) else {
+                return Ok(Some((segment, Vec::new())));
+            };
+            (segment, first, in_it.next_back().map_or(first, |p| p.seq))
+        };
+        self.wait_durable(TxId { stream, seq: upto })?;
+        let sb = lock(&self.sb).sb.clone();
+        let txs = read_transactions(&*self.dev, &sb, self.options, stream, upto)?;
+        Ok(Some((segment, txs.into_iter().filter(|t| t.id.seq >= first).collect())))
+    }
+
     /// Clean the `segments` oldest segments of `stream`'s chain (never its current one): read
     /// every transaction in them, let `relocate` say what to re-commit (`None`: nothing of it is
     /// live; an error stops the cleaning before anything is written), re-commit that on the same stream, make it durable, then checkpoint past the
