@@ -1522,7 +1522,10 @@ impl Fs {
         }
         st.txns.next += 1;
         let id = st.txns.next;
-        st.txns.open.insert(id, TxnState::default());
+        st.txns.open.insert(
+            id,
+            TxnState { thread: Some(std::thread::current().id()), ..TxnState::default() },
+        );
         Ok(Txn { id })
     }
 

@@ -10,7 +10,8 @@
 //! - the objects a transaction changes are *locked* by it until it ends: an inode it writes,
 //!   truncates, chmods or frees, and each directory entry it adds or removes. Another
 //!   transaction touching them gets `EBUSY` at once (no deadlock is possible); an operation
-//!   outside any transaction waits until the transaction ends;
+//!   outside any transaction waits until the transaction ends, unless its own thread began
+//!   that transaction (it would wait for itself) and gets `EBUSY`;
 //! - a directory's own attributes (times, link count) are *shared metadata*, as in CFS: adding
 //!   an entry to a directory inside a transaction does not lock the directory. The directory
 //!   keeps a *storage version* of its attributes (what is on media, changed only by committed
@@ -137,13 +138,15 @@ impl AttrDiff {
 pub(crate) struct TxnState {
     /// First pre-images, in the order taken.
     pub undo: Vec<Undo>,
-    undone: HashSet<(u8, Ino, Vec<u8>)>,
+    pub undone: HashSet<(u8, Ino, Vec<u8>)>,
     /// Everything to write at commit.
     pub touched: BTreeSet<Key>,
     /// Changes to directories' shared attributes.
     pub dir_diffs: HashMap<Ino, AttrDiff>,
     /// Stream of its first operation.
     pub stream: Option<u16>,
+    /// The thread that began it.
+    pub thread: Option<std::thread::ThreadId>,
 }
 
 #[derive(Debug, Default)]
@@ -154,11 +157,6 @@ pub(crate) struct Txns {
 }
 
 impl Txns {
-    /// Does a transaction other than `me` hold changes to `dir`'s shared attributes?
-    fn others_share(&self, dir: Ino, me: Option<TxnId>) -> bool {
-        self.open.iter().any(|(&id, t)| Some(id) != me && t.dir_diffs.contains_key(&dir))
-    }
-
     /// The memory version of a directory's attributes is its storage version plus the deltas
     /// of every open transaction.
     pub fn recompute_dir(&self, st_inode: &mut Inode, dir: Ino) {
@@ -197,8 +195,13 @@ impl Cx {
         Cx { txn, ..Cx::default() }
     }
 
-    fn conflict(&self) -> Stop {
-        if self.txn.is_some() {
+    /// An object is held by open transaction(s) `owners`: another transaction gets `EBUSY`; an
+    /// operation outside transactions waits, unless its own thread holds one of them (it would
+    /// wait for itself) and gets `EBUSY` too.
+    fn conflict(&self, st: &State, owners: &[TxnId]) -> Stop {
+        let me = std::thread::current().id();
+        let mine = owners.iter().any(|o| st.txns.open.get(o).is_some_and(|t| t.thread == Some(me)));
+        if self.txn.is_some() || mine {
             Stop::Err(FsError::Busy)
         } else {
             Stop::Wait
@@ -208,7 +211,7 @@ impl Cx {
     fn lock(&mut self, st: &mut State, key: Key) -> OpResult<()> {
         match st.txns.locks.get(&key) {
             Some(&owner) if Some(owner) == self.txn => Ok(()),
-            Some(_) => Err(self.conflict()),
+            Some(&owner) => Err(self.conflict(st, &[owner])),
             None => {
                 if let Some(t) = self.txn {
                     st.txns.locks.insert(key.clone(), t);
@@ -221,15 +224,17 @@ impl Cx {
 
     /// About to change anything of inode `ino` (attributes, data, xattrs, or free it).
     pub fn inode(&mut self, st: &mut State, ino: Ino) -> OpResult<()> {
-        if st.txns.others_share(ino, self.txn) && self.txn.is_some() {
-            return Err(self.conflict());
-        }
-        if self.txn.is_none() && st.txns.open.values().any(|t| t.dir_diffs.contains_key(&ino)) {
-            // A change to the whole directory (chmod, free) while transactions hold deltas to
-            // its shared attributes: wait until they end.
-            if st.inodes.get(&ino).is_some_and(|i| i.dir.is_some()) {
-                return Err(Stop::Wait);
-            }
+        // A change to a whole directory (chmod, free) while other transactions hold deltas to
+        // its shared attributes: wait until they end (or EBUSY, see `conflict`).
+        let sharers: Vec<TxnId> = st
+            .txns
+            .open
+            .iter()
+            .filter(|(&id, t)| Some(id) != self.txn && t.dir_diffs.contains_key(&ino))
+            .map(|(&id, _)| id)
+            .collect();
+        if !sharers.is_empty() && st.inodes.get(&ino).is_some_and(|i| i.dir.is_some()) {
+            return Err(self.conflict(st, &sharers));
         }
         self.lock(st, Key::Inode(ino))?;
         if self.full.insert(ino) {
@@ -243,7 +248,7 @@ impl Cx {
     /// entry added or removed.
     pub fn dir_attr(&mut self, st: &mut State, dir: Ino) -> OpResult<()> {
         match st.txns.locks.get(&Key::Inode(dir)) {
-            Some(&owner) if Some(owner) != self.txn => return Err(self.conflict()),
+            Some(&owner) if Some(owner) != self.txn => return Err(self.conflict(st, &[owner])),
             _ => {}
         }
         self.touched.insert(Key::Inode(dir));

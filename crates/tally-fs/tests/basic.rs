@@ -126,6 +126,8 @@ fn another_transaction_gets_busy_and_a_plain_operation_waits() {
     let waiter = std::thread::spawn(move || fs2.write(None, x.ino, 0, b"plain").unwrap());
     std::thread::sleep(std::time::Duration::from_millis(50));
     assert!(!waiter.is_finished());
+    // The thread that holds t1 would wait for itself: it gets EBUSY instead.
+    assert!(matches!(fs.write(None, x.ino, 0, b"self"), Err(FsError::Busy)));
     fs.commit(t1).unwrap();
     waiter.join().unwrap();
     fs.abort(t2).unwrap();
