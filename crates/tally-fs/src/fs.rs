@@ -109,6 +109,8 @@ pub struct MountReport {
     pub transactions_replayed: u64,
     /// Inodes after mount.
     pub inodes: u64,
+    /// Files without links (open at their last unlink) freed by the mount.
+    pub orphans_freed: u64,
     /// Time from the start of mount to the state being ready.
     #[serde(serialize_with = "crate::fs::secs")]
     pub time: std::time::Duration,
@@ -249,8 +251,12 @@ impl Fs {
                 State::replay(&streams, ignore_versions)?
             }
         };
-        report.inodes = st.inodes.len() as u64;
-        report.time = started.elapsed();
+        let orphans: Vec<Ino> = st
+            .inodes
+            .iter()
+            .filter(|(_, i)| i.attr.nlink == 0 && i.dir.is_none())
+            .map(|(&ino, _)| ino)
+            .collect();
         let bs = log.device().geometry().block_size;
         if st.block_size != bs {
             return Err(FsError::Corrupted(format!(
@@ -260,7 +266,7 @@ impl Fs {
         }
         st.block_size = bs;
         let segment_blocks = log.segment_blocks();
-        Ok(Fs {
+        let mut fs = Fs {
             streams: log.stream_count(),
             bs,
             max_tx_blocks: u64::from(segment_blocks / 2).saturating_sub(2).max(1),
@@ -271,7 +277,16 @@ impl Fs {
             mutant: opts.mutant,
             policy: opts.streams,
             report,
-        })
+        };
+        // Files that were open when their last link went, and then the crash (or an unmount
+        // with handles still open): nobody can reach them any more.
+        fs.report.orphans_freed = orphans.len() as u64;
+        for ino in orphans {
+            fs.free_orphan(ino)?;
+        }
+        fs.report.inodes = lock(&fs.state).inodes.len() as u64;
+        fs.report.time = started.elapsed();
+        Ok(fs)
     }
 
     /// How the mount went (snapshot or scan, blocks read, time).
@@ -971,16 +986,65 @@ impl Fs {
     }
 
     /// Drop one link to `child` (already removed from its directory); free it at zero.
+    /// A file still open (pinned) at its last unlink stays, with no links, until released:
+    /// an orphan. Directories go at once.
     fn drop_link(st: &mut State, cx: &mut Cx, child: Ino, now: Timespec) -> OpResult<()> {
         cx.inode(st, child)?;
+        let pinned = st.pins.get(&child).is_some_and(|&n| n > 0);
         let c = st.inode_mut(child)?;
         c.attr.nlink = c.attr.nlink.saturating_sub(1);
         c.attr.ctime = now;
         let is_dir = c.dir.is_some();
-        if c.attr.nlink == 0 || is_dir {
+        if is_dir || (c.attr.nlink == 0 && !pinned) {
             st.inodes.remove(&child);
         }
         Ok(())
+    }
+
+    /// Pin `ino` while a handle to it is open (FUSE `open`/`opendir`): unlinking its last
+    /// name keeps it readable and writable until [`Fs::release`].
+    ///
+    /// # Errors
+    /// `ENOENT`.
+    pub fn open(&self, ino: Ino) -> Result<()> {
+        let mut st = lock(&self.state);
+        st.inode(ino)?;
+        *st.pins.entry(ino).or_default() += 1;
+        Ok(())
+    }
+
+    /// Drop a pin taken by [`Fs::open`]; the last release of a file without links frees it (one
+    /// transaction). Orphans left by a crash are freed at the next mount.
+    ///
+    /// # Errors
+    /// As the free's commit (out of space, I/O).
+    pub fn release(&self, ino: Ino) -> Result<()> {
+        {
+            let mut st = lock(&self.state);
+            match st.pins.get_mut(&ino) {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    return Ok(());
+                }
+                Some(_) => {
+                    st.pins.remove(&ino);
+                }
+                None => return Ok(()),
+            }
+        }
+        self.free_orphan(ino)
+    }
+
+    /// Free `ino` if it is a file without links and without pins.
+    pub(crate) fn free_orphan(&self, ino: Ino) -> Result<()> {
+        self.op(None, ino, false, |st, cx| {
+            let orphan = st.inodes.get(&ino).is_some_and(|i| i.attr.nlink == 0 && i.dir.is_none());
+            if orphan && !st.pins.contains_key(&ino) {
+                cx.inode(st, ino)?;
+                st.inodes.remove(&ino);
+            }
+            Ok(())
+        })
     }
 
     /// Remove a non-directory entry.

@@ -148,8 +148,9 @@ impl Fs {
             }
         }
         let reachable = st.reachable();
-        for &ino in st.inodes.keys() {
-            if !reachable.contains(&ino) {
+        for (&ino, inode) in &st.inodes {
+            let open_orphan = inode.attr.nlink == 0 && st.pins.contains_key(&ino);
+            if !reachable.contains(&ino) && !open_orphan {
                 r.problems.push(format!("inode {ino} is not reachable from the root"));
             }
         }

@@ -182,6 +182,8 @@ pub(crate) struct State {
     /// Per stream: the oldest segment last found at least half live, and `dead_blocks` then
     /// (cleaning does not measure it again until it changes or enough data has died).
     pub liveness_checked: HashMap<u16, (u32, u64)>,
+    /// Open handles per inode ([`crate::Fs::open`]); DRAM only.
+    pub pins: HashMap<Ino, u32>,
     /// Committed data blocks made dead since mount (a hint of when to measure liveness again).
     pub dead_blocks: u64,
 }

@@ -453,3 +453,37 @@ fn maintenance_moves_mostly_dead_segments_and_leaves_live_ones() {
     assert_eq!(fs.read(hot.ino, 0, 4).unwrap(), 199u32.to_le_bytes());
     assert!(fs.fsck().is_clean());
 }
+
+#[test]
+fn an_open_file_outlives_its_last_unlink_and_a_crash_frees_it() {
+    let dev = fresh(4096, 2, 64);
+    let fs = mount(&dev);
+    let f = fs.create(None, ROOT, b"f", 0o644, ME).unwrap();
+    fs.open(f.ino).unwrap();
+    fs.unlink(None, ROOT, b"f").unwrap();
+    fs.write(None, f.ino, 0, b"still here").unwrap();
+    assert_eq!(fs.read(f.ino, 0, 20).unwrap(), b"still here");
+    assert_eq!(fs.getattr(f.ino).unwrap().nlink, 0);
+    assert!(fs.fsck().is_clean(), "an open orphan is not a problem");
+    fs.sync().unwrap();
+    drop(fs); // crash with the orphan
+
+    let fs = mount(&dev);
+    assert_eq!(fs.mount_report().orphans_freed, 1);
+    assert!(matches!(fs.getattr(f.ino), Err(FsError::NotFound)));
+    assert!(fs.fsck().is_clean());
+
+    // Without a crash, the last release frees it.
+    let g = fs.create(None, ROOT, b"g", 0o644, ME).unwrap();
+    fs.open(g.ino).unwrap();
+    fs.open(g.ino).unwrap();
+    fs.unlink(None, ROOT, b"g").unwrap();
+    fs.release(g.ino).unwrap();
+    assert!(fs.getattr(g.ino).is_ok(), "one handle still open");
+    fs.release(g.ino).unwrap();
+    assert!(matches!(fs.getattr(g.ino), Err(FsError::NotFound)));
+    fs.unmount().unwrap();
+    let fs = mount(&dev);
+    assert_eq!(fs.mount_report().orphans_freed, 0);
+    assert!(fs.fsck().is_clean());
+}
