@@ -392,23 +392,41 @@ impl Fs {
     /// # Errors
     /// `ENOENT`, `EISDIR`, `EINVAL` (not a regular file), `EIO`.
     pub fn read(&self, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let st = lock(&self.state);
-        let inode = st.inode(ino)?;
-        match inode.attr.kind {
-            FileKind::File => {}
-            FileKind::Dir => return Err(FsError::IsDir),
-            _ => return Err(FsError::Invalid("not a regular file")),
-        }
-        let size = inode.attr.size;
-        if offset >= size || len == 0 {
-            return Ok(Vec::new());
-        }
-        let end = size.min(offset.saturating_add(len as u64));
+        // The blocks to read are found under the lock; the device is read without it, so
+        // readers do not hold up other operations. A block is never overwritten while the
+        // records pointing at it are current, except by cleaning reusing its segment after a
+        // relocation: a crc mismatch is therefore first retried under the lock.
         let bs = u64::from(self.bs);
+        let (offset, end, blocks) = {
+            let st = lock(&self.state);
+            let inode = st.inode(ino)?;
+            match inode.attr.kind {
+                FileKind::File => {}
+                FileKind::Dir => return Err(FsError::IsDir),
+                _ => return Err(FsError::Invalid("not a regular file")),
+            }
+            let size = inode.attr.size;
+            if offset >= size || len == 0 {
+                return Ok(Vec::new());
+            }
+            let end = size.min(offset.saturating_add(len as u64));
+            let (first, last) = (offset / bs, (end - 1) / bs);
+            let blocks: Vec<(u64, Block)> =
+                inode.blocks.range(first..=last).map(|(&b, block)| (b, block.clone())).collect();
+            (offset, end, blocks)
+        };
         let mut out = vec![0u8; (end - offset) as usize];
-        let (first, last) = (offset / bs, (end - 1) / bs);
-        for (&b, block) in inode.blocks.range(first..=last) {
-            let bytes = self.block_bytes(ino, b, block)?;
+        for (b, block) in blocks {
+            let bytes = match self.block_bytes(ino, b, &block) {
+                Ok(bytes) => bytes,
+                Err(_) => {
+                    let st = lock(&self.state);
+                    match st.inode(ino)?.blocks.get(&b) {
+                        Some(now) => self.block_bytes(ino, b, now)?,
+                        None => continue, // punched or truncated meanwhile: zeros
+                    }
+                }
+            };
             let (bstart, bend) = (b * bs, (b + 1) * bs);
             let (from, to) = (offset.max(bstart), end.min(bend));
             out[(from - offset) as usize..(to - offset) as usize]

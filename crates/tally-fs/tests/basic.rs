@@ -487,3 +487,37 @@ fn an_open_file_outlives_its_last_unlink_and_a_crash_frees_it() {
     assert_eq!(fs.mount_report().orphans_freed, 0);
     assert!(fs.fsck().is_clean());
 }
+
+#[test]
+fn a_corrupted_data_block_reads_as_eio_never_as_wrong_data_and_fsck_says_so() {
+    let dev = fresh(1024, 1, 16);
+    let fs = mount(&dev);
+    let f = fs.create(None, ROOT, b"f", 0o644, ME).unwrap();
+    let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 256) as u8).collect();
+    fs.write(None, f.ino, 0, &pattern).unwrap();
+    fs.write(None, f.ino, 4096, b"second block").unwrap();
+    fs.unmount().unwrap();
+    // Find the data block on the device and damage one byte.
+    let mut at = None;
+    for b in 0..1024 {
+        let mut buf = vec![0u8; 4096];
+        dev.read(b, &mut buf).unwrap();
+        if buf == pattern {
+            at = Some(b);
+        }
+    }
+    let at = at.expect("the data block is on the device");
+    let mut buf = pattern.clone();
+    buf[100] ^= 0x10;
+    dev.write_sync(
+        vec![tally_media::Write::new(at, tally_media::IoBuf::from_slice(&buf))],
+        tally_media::WriteFlags::NONE,
+    )
+    .unwrap();
+    let fs = mount(&dev);
+    assert!(matches!(fs.read(f.ino, 0, 10), Err(FsError::Io(_))));
+    assert_eq!(fs.read(f.ino, 4096, 12).unwrap(), b"second block", "other blocks still read");
+    let r = fs.fsck();
+    assert_eq!(r.problems.len(), 1, "{:?}", r.problems);
+    assert!(r.problems[0].contains("block 0"), "{:?}", r.problems);
+}
