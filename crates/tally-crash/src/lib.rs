@@ -6,6 +6,7 @@
 
 pub mod device;
 pub mod explore;
+pub mod fsexplore;
 pub mod pmem;
 
 pub use device::{

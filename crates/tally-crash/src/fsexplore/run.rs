@@ -1,0 +1,920 @@
+//! Running file-system workloads on a crash device and judging every crash state.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use tally_fs::{
+    FileKind, Fs, FsError, FsMutant, Ino, MkfsOptions, MountOptions, Owner, RenameFlags, SetAttr,
+    XattrSet, ROOT,
+};
+use tally_media::{Device, Geometry, Image, MemDevice};
+
+use super::model::{
+    Candidates, FsInvariant, FsViolation, History, MIno, MOp, MState, RawNode, Tree, TreeNode,
+    MROOT,
+};
+use super::workload::{
+    pattern, resolve, step_tag, FsOp, FsWorkload, Persist, TxnEnd, WriteKind, START_XATTR,
+};
+use crate::{CrashConfig, CrashDevice, CrashOptions, CrashPoint};
+
+/// What to explore, and how hard.
+#[derive(Debug, Clone)]
+pub struct FsExploreConfig {
+    /// Block size of the simulated device (1 KiB: two 512-byte sectors, so blocks can tear).
+    pub block_size: u32,
+    /// Streams of the file system (1: every crash must recover a prefix of the operations).
+    pub streams: u16,
+    /// Blocks per log segment (small, so cleaning has whole segments to relocate).
+    pub segment_blocks: u32,
+    /// Segments on the device.
+    pub segment_count: u32,
+    /// Untorn images drawn at a point when there are too many to enumerate.
+    pub samples: usize,
+    /// Torn images at a point: enumerated up to this many, else this many drawn (0: no torn
+    /// pass).
+    pub torn_samples: usize,
+    /// Also crash between the device operations inside each operation (after every submit,
+    /// wait and flush it makes).
+    pub crash_inside_ops: bool,
+    /// Crash images of the device right after recovery that are mounted again (I6).
+    pub idempotence_images_max: usize,
+    /// A deliberately broken variant of the file system.
+    pub mutant: Option<FsMutant>,
+    /// Drives every random choice.
+    pub seed: u64,
+    /// Stop at the first violation.
+    pub stop_at_first: bool,
+}
+
+impl Default for FsExploreConfig {
+    fn default() -> Self {
+        FsExploreConfig {
+            block_size: 1024,
+            streams: 2,
+            segment_blocks: 16,
+            segment_count: 16,
+            samples: 32,
+            torn_samples: 8,
+            crash_inside_ops: true,
+            idempotence_images_max: 4,
+            mutant: None,
+            seed: 1,
+            stop_at_first: false,
+        }
+    }
+}
+
+/// The first violation found, with what replays it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FsFirstViolation {
+    /// Seed of the run.
+    pub seed: u64,
+    /// The workload set (`seq-1`, `seq-2`, …) and the workload's index in it.
+    pub set: String,
+    /// Index in the set.
+    pub index: usize,
+    /// The workload.
+    pub workload: String,
+    /// Step after (or inside) which the crash happened, and where: `op`, `persist`, `inside op`…
+    pub at: String,
+    /// Which invariant broke.
+    pub invariant: FsInvariant,
+    /// What was seen.
+    pub message: String,
+    /// Crash states checked before it, in the whole run.
+    pub states_before: u64,
+}
+
+/// Totals of an exploration, as `tally crash fs --json` prints them.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct FsReport {
+    /// Workloads run.
+    pub workloads: u64,
+    /// Persistence points crashed at (after every operation and persistence call, and with
+    /// `crash_inside_ops` inside them).
+    pub crash_points: u64,
+    /// Of those, points inside an operation.
+    pub crash_points_inside_ops: u64,
+    /// Post-crash images mounted and judged.
+    pub states_checked: u64,
+    /// Distinct images among them.
+    pub unique_states: u64,
+    /// Images of a crash right after recovery, mounted again (I6).
+    pub recovery_crash_states: u64,
+    /// Violations found.
+    pub violations: u64,
+    /// Violations per invariant.
+    pub violations_by_invariant: BTreeMap<String, u64>,
+    /// Whether every untorn pass was exhaustive.
+    pub all_exhaustive: bool,
+    /// Passes that were sampled rather than exhaustive.
+    pub sampled_passes: u64,
+    /// States checked per second of wall time.
+    pub states_per_sec: f64,
+    /// Wall time.
+    pub elapsed_sec: f64,
+    /// The mutant explored, if any.
+    pub mutant: Option<String>,
+    /// The first violation.
+    pub first_violation: Option<FsFirstViolation>,
+}
+
+/// The start of every workload: a durable image and the model of its tree.
+#[derive(Clone)]
+pub struct FsStart {
+    /// The image (durable: synced, not cleanly unmounted, so mount scans the log).
+    pub image: Image,
+    /// The model of its tree.
+    pub state: MState,
+    /// Model inode → file-system inode.
+    pub map: BTreeMap<MIno, Ino>,
+}
+
+/// Runs workloads and accumulates an [`FsReport`].
+pub struct FsExplorer {
+    cfg: FsExploreConfig,
+    report: FsReport,
+    unique: HashSet<u64>,
+    started: Instant,
+    start: Option<Result<FsStart, String>>,
+}
+
+/// Where we are, for reporting.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    set: &'a str,
+    index: usize,
+    workload: &'a FsWorkload,
+    step: usize,
+    what: &'static str,
+}
+
+/// Name of the file the forward-progress check creates (never used by workloads).
+const PROGRESS_NAME: &[u8] = b"zz_progress";
+const PROGRESS_LEN: usize = 1500;
+/// Bound on a walk of a recovered tree.
+const WALK_NODES_MAX: usize = 10_000;
+const OWNER: Owner = Owner { uid: 0, gid: 0 };
+
+impl FsExplorer {
+    /// A new explorer.
+    #[must_use]
+    pub fn new(cfg: FsExploreConfig) -> Self {
+        let mutant = cfg.mutant.map(|m| m.name().to_string());
+        FsExplorer {
+            cfg,
+            report: FsReport { all_exhaustive: true, mutant, ..FsReport::default() },
+            unique: HashSet::new(),
+            started: Instant::now(),
+            start: None,
+        }
+    }
+
+    /// The report so far.
+    #[must_use]
+    pub fn report(&self) -> FsReport {
+        let mut r = self.report.clone();
+        r.elapsed_sec = self.started.elapsed().as_secs_f64();
+        r.states_per_sec = r.states_checked as f64 / r.elapsed_sec.max(1e-9);
+        r.unique_states = self.unique.len() as u64;
+        r
+    }
+
+    /// Whether to stop: a violation was found and the run stops at the first.
+    #[must_use]
+    pub fn done(&self) -> bool {
+        self.cfg.stop_at_first && self.report.violations > 0
+    }
+
+    /// The configuration.
+    #[must_use]
+    pub fn config(&self) -> &FsExploreConfig {
+        &self.cfg
+    }
+
+    fn mount_options(&self) -> MountOptions {
+        MountOptions { mutant: self.cfg.mutant, ..MountOptions::default() }
+    }
+
+    fn geometry(&self) -> Geometry {
+        let blocks = 2 + u64::from(self.cfg.segment_count) * u64::from(self.cfg.segment_blocks);
+        let bs = self.cfg.block_size;
+        Geometry { block_size: bs, block_count: blocks, atomic_write_size: 512.min(bs) }
+    }
+
+    fn bs(&self) -> u64 {
+        u64::from(self.cfg.block_size)
+    }
+
+    /// The start state (built once, with the correct protocol: mutants are judged on the
+    /// workloads).
+    ///
+    /// # Errors
+    /// The start could not be built (a bug in the file system or the explorer).
+    pub fn start(&mut self) -> Result<FsStart, String> {
+        if self.start.is_none() {
+            self.start = Some(self.make_start());
+        }
+        self.start.clone().unwrap_or_else(|| Err("no start".into()))
+    }
+
+    /// B3's starting tree: `/A`, `/A/foo` (two blocks, an extended attribute), `/bar` (500
+    /// bytes), `/B`; then overwrites of `foo` and `bar` until every stream's chain spans two
+    /// segments (so `clean` has a segment to relocate), and `sync`.
+    fn make_start(&self) -> Result<FsStart, String> {
+        let mem = Arc::new(MemDevice::from_image(Image::new(self.geometry())));
+        let opts = MkfsOptions {
+            streams: self.cfg.streams,
+            segment_blocks: self.cfg.segment_blocks,
+            uuid: Some([0x5A; 16]),
+        };
+        Fs::mkfs(mem.clone(), &opts).map_err(|e| format!("mkfs: {e}"))?;
+        let fs =
+            Fs::mount(mem.clone(), MountOptions::default()).map_err(|e| format!("mount: {e}"))?;
+        let bs = self.bs();
+        let mut st = MState::default();
+        let mut map = BTreeMap::from([(MROOT, ROOT)]);
+        let mut tag = 1 << 20;
+        let run = |st: &mut MState, map: &mut BTreeMap<MIno, Ino>, op: MOp| {
+            exec(&fs, map, &op, None).map_err(|e| format!("start: {op:?}: {e}"))?;
+            st.apply(&op).map(|_| ())
+        };
+        let setup = [
+            FsOp::Mkdir("/A".into()),
+            FsOp::Create("/A/foo".into()),
+            FsOp::Write("/A/foo".into(), WriteKind::Overwrite),
+            FsOp::Write("/A/foo".into(), WriteKind::Append),
+            FsOp::Create("/bar".into()),
+            FsOp::Mkdir("/B".into()),
+        ];
+        for op in &setup {
+            tag += 1;
+            if let Some(m) = resolve(&st, op, tag, bs)? {
+                run(&mut st, &mut map, m)?;
+            }
+        }
+        let foo_ino = st.lookup("/A/foo").ok_or("no /A/foo")?;
+        let bar = st.lookup("/bar").ok_or("no /bar")?;
+        run(
+            &mut st,
+            &mut map,
+            MOp::Write { ino: foo_ino, off: 0, data: pattern(tag, 2 * bs as usize) },
+        )?;
+        run(
+            &mut st,
+            &mut map,
+            MOp::SetXattr { ino: foo_ino, name: START_XATTR.to_vec(), value: b"1".to_vec() },
+        )?;
+        run(&mut st, &mut map, MOp::Write { ino: bar, off: 0, data: pattern(tag + 1, 500) })?;
+        for round in 0..64u64 {
+            let chains: Vec<usize> = (0..self.cfg.streams)
+                .map(|s| fs.log().segment_usage(s).map_or(0, |u| u.len()))
+                .collect();
+            if chains.iter().all(|&n| n >= 2) {
+                break;
+            }
+            let t = tag + 2 + round;
+            run(
+                &mut st,
+                &mut map,
+                MOp::Write { ino: foo_ino, off: 0, data: pattern(t, 2 * bs as usize) },
+            )?;
+            run(&mut st, &mut map, MOp::Write { ino: bar, off: 0, data: pattern(t + 100, 500) })?;
+        }
+        fs.sync().map_err(|e| format!("start: sync: {e}"))?;
+        let live = walk(&fs)?;
+        if live != st.tree() {
+            return Err(format!(
+                "start: the tree differs from the model: {}",
+                live.diff(&st.tree())
+            ));
+        }
+        drop(fs);
+        Ok(FsStart { image: mem.image(), state: st, map })
+    }
+
+    /// Run every workload of `set` (named for reports: `seq-1`, `seq-2`, …).
+    pub fn run_all(&mut self, set: &str, workloads: &[FsWorkload]) {
+        for (index, w) in workloads.iter().enumerate() {
+            if self.done() {
+                return;
+            }
+            self.run(set, index, w);
+        }
+    }
+
+    /// Run one workload from the start state, checking every crash point.
+    pub fn run(&mut self, set: &str, index: usize, workload: &FsWorkload) {
+        self.report.workloads += 1;
+        let at0 = At { set, index, workload, step: 0, what: "start" };
+        let start = match self.start() {
+            Ok(s) => s,
+            Err(e) => {
+                self.record(
+                    at0,
+                    FsViolation { invariant: FsInvariant::I4MountAndFsck, message: e },
+                );
+                return;
+            }
+        };
+        let dev = Tap::new(CrashDevice::from_image(
+            start.image.clone(),
+            CrashConfig::with_seed(self.cfg.seed),
+        ));
+        let opts = self.mount_options();
+        let fs = match catch_unwind(AssertUnwindSafe(|| Fs::mount(dev.clone(), opts))) {
+            Ok(Ok(fs)) => fs,
+            other => {
+                let message = match other {
+                    Ok(Err(e)) => format!("mounting the start image: {e}"),
+                    _ => "mounting the start image panicked".into(),
+                };
+                self.record(at0, FsViolation { invariant: FsInvariant::I4MountAndFsck, message });
+                return;
+            }
+        };
+        let mut map = start.map.clone();
+        let mut state = start.state.clone();
+        let mut hist = History::new(start.state.clone(), self.cfg.streams == 1);
+        let bs = self.bs();
+        for (i, step) in workload.0.iter().enumerate() {
+            // The operation.
+            let at = At { set, index, workload, step: i, what: "op" };
+            dev.set_recording(self.cfg.crash_inside_ops);
+            let before = hist.clone();
+            let done = catch_unwind(AssertUnwindSafe(|| {
+                run_op(&fs, &mut map, &mut state, &mut hist, &step.op, step_tag(i), bs)
+            }));
+            let inside = dev.take_points();
+            let done = match done {
+                Ok(r) => r,
+                Err(_) => Err(format!("`{}` panicked", step.op)),
+            };
+            if let Err(message) = done {
+                self.record(at, FsViolation { invariant: FsInvariant::I1Atomicity, message });
+                return;
+            }
+            if let Err(v) = self.live_check(&fs, &state, &step.op) {
+                self.record(at, v);
+                return;
+            }
+            // Inside the op nothing it does is acknowledged: the history with the op (present
+            // or not) and the acknowledgements from before it.
+            let mut inside_hist = hist.clone();
+            inside_hist.acked = before.acked;
+            if !self.points(&inside, &inside_hist, At { what: "inside op", ..at }) {
+                return;
+            }
+            if !self.points(&[dev.inner.crash_point()], &hist, at) {
+                return;
+            }
+            // The persistence call.
+            if step.persist == Persist::Nothing {
+                continue;
+            }
+            let at = At { what: "persist", ..at };
+            dev.set_recording(self.cfg.crash_inside_ops);
+            let before = hist.clone();
+            let done = catch_unwind(AssertUnwindSafe(|| {
+                run_persist(&fs, &map, &state, &mut hist, &step.persist)
+            }));
+            let inside = dev.take_points();
+            let done = match done {
+                Ok(r) => r,
+                Err(_) => Err(format!("`{}` panicked", step.persist)),
+            };
+            if let Err(message) = done {
+                self.record(at, FsViolation { invariant: FsInvariant::I3Durability, message });
+                return;
+            }
+            if !self.points(&inside, &before, At { what: "inside persist", ..at }) {
+                return;
+            }
+            if !self.points(&[dev.inner.crash_point()], &hist, at) {
+                return;
+            }
+        }
+    }
+
+    /// The live file system must show the model's full state after every operation (an abort
+    /// restores it exactly; nothing is lost in DRAM).
+    fn live_check(&self, fs: &Fs, state: &MState, op: &FsOp) -> Result<(), FsViolation> {
+        let live = walk(fs)
+            .map_err(|message| FsViolation { invariant: FsInvariant::I1Atomicity, message })?;
+        let want = state.tree();
+        if live != want {
+            return Err(FsViolation {
+                invariant: FsInvariant::I1Atomicity,
+                message: format!(
+                    "after `{op}` the live tree differs from the model: {}",
+                    live.diff(&want)
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Check every crash point of `points` against `hist`; false when the run should stop.
+    fn points(&mut self, points: &[CrashPoint], hist: &History, at: At<'_>) -> bool {
+        if points.is_empty() {
+            return true;
+        }
+        let cands = Candidates::new(hist);
+        let mut seen = HashSet::new();
+        for (k, point) in points.iter().enumerate() {
+            self.report.crash_points += 1;
+            if at.what.starts_with("inside") {
+                self.report.crash_points_inside_ops += 1;
+            }
+            self.check_point(point, &cands, at, k, &mut seen);
+            if self.done() {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn point_seed(&self, at: At<'_>, k: usize) -> u64 {
+        let text = format!("{}#{}#{}#{}#{k}", at.set, at.workload, at.step, at.what);
+        u64::from(crc32c::crc32c(text.as_bytes())) << 16 ^ self.cfg.seed.rotate_left(23)
+    }
+
+    /// Every untorn image at the point (exhaustive up to 12 uncertain writes, else sampled),
+    /// then torn ones (sampled), each distinct image once per point group.
+    fn check_point(
+        &mut self,
+        point: &CrashPoint,
+        cands: &Candidates,
+        at: At<'_>,
+        k: usize,
+        seen: &mut HashSet<u64>,
+    ) {
+        let seed = Some(self.point_seed(at, k));
+        let untorn = CrashOptions {
+            tearing: false,
+            samples: self.cfg.samples,
+            exhaustive_images_max: 4096,
+            seed,
+            ..CrashOptions::default()
+        };
+        let mut passes = vec![untorn];
+        if self.cfg.torn_samples > 0 {
+            passes.push(CrashOptions {
+                tearing: true,
+                samples: self.cfg.torn_samples,
+                exhaustive_images_max: self.cfg.torn_samples as u64,
+                seed,
+                ..CrashOptions::default()
+            });
+        }
+        for (pass, options) in passes.into_iter().enumerate() {
+            let mut images = point.crash_images(options);
+            for image in images.by_ref() {
+                let hash = image_hash(&image);
+                if !seen.insert(hash) {
+                    continue;
+                }
+                self.report.states_checked += 1;
+                self.unique.insert(hash);
+                if let Err(v) = self.check_image(&image, cands) {
+                    self.record(at, v);
+                    if self.done() {
+                        return;
+                    }
+                }
+            }
+            let exhaustive = images.report().exhaustive;
+            if pass == 0 {
+                self.report.all_exhaustive &= exhaustive;
+            }
+            self.report.sampled_passes += u64::from(!exhaustive);
+        }
+    }
+
+    fn mount(&self, dev: Arc<dyn Device>, invariant: FsInvariant) -> Result<Fs, FsViolation> {
+        let opts = self.mount_options();
+        match catch_unwind(AssertUnwindSafe(|| Fs::mount(dev, opts))) {
+            Ok(Ok(fs)) => Ok(fs),
+            Ok(Err(e)) => Err(FsViolation { invariant, message: format!("mount failed: {e}") }),
+            Err(_) => Err(FsViolation { invariant, message: "mount panicked".into() }),
+        }
+    }
+
+    /// Judge one image: I4 (mount, fsck), I1–I3 (the tree), I6 (mount again after a crash
+    /// right after recovery), I5 (a new fsynced file survives a remount).
+    fn check_image(&mut self, image: &Image, cands: &Candidates) -> Result<(), FsViolation> {
+        let dev =
+            Arc::new(CrashDevice::from_image(image.clone(), CrashConfig::with_seed(self.cfg.seed)));
+        let fs = self.mount(dev.clone(), FsInvariant::I4MountAndFsck)?;
+        let tree = walk_checked(&fs, FsInvariant::I1Atomicity)?;
+        cands.check(&tree)?;
+        let fsck = catch_unwind(AssertUnwindSafe(|| fs.fsck()));
+        match fsck {
+            Ok(r) if r.is_clean() => {}
+            Ok(r) => {
+                return Err(FsViolation {
+                    invariant: FsInvariant::I4MountAndFsck,
+                    message: format!(
+                        "fsck: {}",
+                        r.problems.iter().take(4).cloned().collect::<Vec<_>>().join("; ")
+                    ),
+                })
+            }
+            Err(_) => {
+                return Err(FsViolation {
+                    invariant: FsInvariant::I4MountAndFsck,
+                    message: "fsck panicked".into(),
+                })
+            }
+        }
+        // I6: a crash right after the first recovery; every image it may leave mounts to the
+        // same tree.
+        let options = CrashOptions {
+            tearing: false,
+            samples: self.cfg.idempotence_images_max,
+            ..CrashOptions::default()
+        };
+        for again in dev.crash_images(options).take(self.cfg.idempotence_images_max) {
+            self.report.recovery_crash_states += 1;
+            let fs2 =
+                self.mount(Arc::new(MemDevice::from_image(again)), FsInvariant::I6Idempotence)?;
+            let tree2 = walk_checked(&fs2, FsInvariant::I6Idempotence)?;
+            if tree2 != tree {
+                return Err(FsViolation {
+                    invariant: FsInvariant::I6Idempotence,
+                    message: format!(
+                        "mounting again after a crash right after recovery: {}",
+                        tree2.diff(&tree)
+                    ),
+                });
+            }
+        }
+        // I5: create, write and fsync a new file; it survives a crash after the fsync.
+        let progress = |fs: &Fs| -> Result<(), FsError> {
+            let a = fs.create(None, ROOT, PROGRESS_NAME, 0o644, OWNER)?;
+            fs.write(None, a.ino, 0, &pattern(u64::MAX, PROGRESS_LEN))?;
+            fs.fsync(a.ino)
+        };
+        let fail =
+            |message: String| FsViolation { invariant: FsInvariant::I5ForwardProgress, message };
+        match catch_unwind(AssertUnwindSafe(|| progress(&fs))) {
+            Ok(Ok(())) => {}
+            Ok(Err(FsError::NoSpace)) => return Ok(()),
+            Ok(Err(e)) => return Err(fail(format!("create, write, fsync after recovery: {e}"))),
+            Err(_) => return Err(fail("create, write, fsync after recovery panicked".into())),
+        }
+        drop(fs);
+        let fs3 = self.mount(
+            Arc::new(MemDevice::from_image(dev.durable_image())),
+            FsInvariant::I5ForwardProgress,
+        )?;
+        let tree3 = walk_checked(&fs3, FsInvariant::I5ForwardProgress)?;
+        let mut want = tree;
+        let path = format!("/{}", String::from_utf8_lossy(PROGRESS_NAME));
+        want.0.insert(
+            path.clone(),
+            TreeNode {
+                dir: false,
+                perm: 0o644,
+                nlink: 1,
+                size: PROGRESS_LEN as u64,
+                data: pattern(u64::MAX, PROGRESS_LEN),
+                xattrs: BTreeMap::new(),
+                link: path,
+                dotdot_ok: true,
+            },
+        );
+        if tree3 != want {
+            return Err(fail(format!(
+                "after a new fsynced file and a crash: {}",
+                tree3.diff(&want)
+            )));
+        }
+        Ok(())
+    }
+
+    fn record(&mut self, at: At<'_>, v: FsViolation) {
+        self.report.violations += 1;
+        *self.report.violations_by_invariant.entry(v.invariant.name().to_string()).or_default() +=
+            1;
+        if std::env::var_os("TALLY_EXPLORE_DEBUG").is_some() {
+            eprintln!(
+                "violation in {} #{} `{}` step {} {}: {}: {}",
+                at.set,
+                at.index,
+                at.workload,
+                at.step,
+                at.what,
+                v.invariant.name(),
+                v.message
+            );
+        }
+        if self.report.first_violation.is_none() {
+            self.report.first_violation = Some(FsFirstViolation {
+                seed: self.cfg.seed,
+                set: at.set.to_string(),
+                index: at.index,
+                workload: at.workload.to_string(),
+                at: format!("step {} ({})", at.step, at.what),
+                invariant: v.invariant,
+                message: v.message,
+                states_before: self.report.states_checked,
+            });
+        }
+    }
+}
+
+/// Run one workload operation on the file system and the model.
+fn run_op(
+    fs: &Fs,
+    map: &mut BTreeMap<MIno, Ino>,
+    state: &mut MState,
+    hist: &mut History,
+    op: &FsOp,
+    tag: u64,
+    bs: u64,
+) -> Result<(), String> {
+    let err = |e: FsError| format!("`{op}` failed: {e}");
+    match op {
+        FsOp::Clean(stream) => match fs.clean(*stream, usize::MAX) {
+            Ok(_) | Err(FsError::Busy | FsError::NoSpace) => Ok(()),
+            Err(e) => Err(err(e)),
+        },
+        FsOp::Txn(body, end) => {
+            let mut scratch = state.clone();
+            let mut ops = Vec::new();
+            for (i, sub) in body.iter().enumerate() {
+                let m = resolve(&scratch, sub, tag * 16 + i as u64 + 1, bs)?
+                    .ok_or("empty op in a transaction")?;
+                scratch.apply(&m)?;
+                ops.push(m);
+            }
+            let tx = fs.begin().map_err(err)?;
+            for m in &ops {
+                if let Err(e) = exec(fs, map, m, Some(&tx)) {
+                    let _ = fs.abort(tx);
+                    return Err(err(e));
+                }
+            }
+            match end {
+                TxnEnd::Abort => fs.abort(tx).map_err(err),
+                TxnEnd::Commit | TxnEnd::CommitDurable => {
+                    let group = MOp::Group(ops);
+                    let touched = state.apply(&group)?;
+                    hist.push(group, touched);
+                    if *end == TxnEnd::CommitDurable {
+                        fs.commit_durable(tx).map_err(err)?;
+                        hist.ack(1 << (hist.ops.len() - 1));
+                    } else {
+                        fs.commit(tx).map_err(err)?;
+                    }
+                    Ok(())
+                }
+            }
+        }
+        _ => {
+            let m = resolve(state, op, tag, bs)?.ok_or("nothing to do")?;
+            exec(fs, map, &m, None).map_err(err)?;
+            let touched = state.apply(&m)?;
+            hist.push(m, touched);
+            Ok(())
+        }
+    }
+}
+
+/// Run a persistence call and record what it acknowledged.
+fn run_persist(
+    fs: &Fs,
+    map: &BTreeMap<MIno, Ino>,
+    state: &MState,
+    hist: &mut History,
+    persist: &Persist,
+) -> Result<(), String> {
+    let target = |p: &str| -> Result<(MIno, Ino), String> {
+        let m = state.lookup(p).ok_or_else(|| format!("{p} does not exist"))?;
+        Ok((m, *map.get(&m).ok_or_else(|| format!("{p} has no inode"))?))
+    };
+    let err = |e: FsError| format!("`{persist}` failed: {e}");
+    match persist {
+        Persist::Fsync(p) | Persist::FsyncDir(p) => {
+            let (m, ino) = target(p)?;
+            fs.fsync(ino).map_err(err)?;
+            hist.ack(hist.touching(m));
+        }
+        Persist::Fdatasync(p) => {
+            let (m, ino) = target(p)?;
+            fs.fdatasync(ino).map_err(err)?;
+            hist.ack(hist.touching(m));
+        }
+        Persist::Barrier(p) => {
+            let (m, ino) = target(p)?;
+            fs.barrier(ino).map_err(err)?;
+            hist.barrier(m);
+        }
+        Persist::Sync => {
+            fs.sync().map_err(err)?;
+            hist.ack_all();
+        }
+        Persist::Nothing => {}
+    }
+    Ok(())
+}
+
+/// Apply a model operation to the file system (`txn`: inside an explicit transaction).
+fn exec(
+    fs: &Fs,
+    map: &mut BTreeMap<MIno, Ino>,
+    op: &MOp,
+    txn: Option<&tally_fs::Txn>,
+) -> Result<(), FsError> {
+    let ino = |m: &MIno| map.get(m).copied().ok_or(FsError::NotFound);
+    match op {
+        MOp::Create { dir, name, new, is_dir, perm } => {
+            let d = ino(dir)?;
+            let a = if *is_dir {
+                fs.mkdir(txn, d, name, *perm, OWNER)?
+            } else {
+                fs.create(txn, d, name, *perm, OWNER)?
+            };
+            map.insert(*new, a.ino);
+        }
+        MOp::Write { ino: f, off, data } => {
+            let n = fs.write(txn, ino(f)?, *off, data)?;
+            if n != data.len() {
+                return Err(FsError::Io(format!("short write: {n} of {}", data.len())));
+            }
+        }
+        MOp::SetSize { ino: f, size } => {
+            fs.setattr(txn, ino(f)?, &SetAttr { size: Some(*size), ..SetAttr::default() })?;
+        }
+        MOp::Chmod { ino: f, perm } => {
+            fs.setattr(txn, ino(f)?, &SetAttr { perm: Some(*perm), ..SetAttr::default() })?;
+        }
+        MOp::SetXattr { ino: f, name, value } => {
+            fs.setxattr(txn, ino(f)?, name, value, XattrSet::Any)?
+        }
+        MOp::RemoveXattr { ino: f, name } => fs.removexattr(txn, ino(f)?, name)?,
+        MOp::Link { ino: f, dir, name } => {
+            fs.link(txn, ino(f)?, ino(dir)?, name)?;
+        }
+        MOp::Unlink { dir, name } => fs.unlink(txn, ino(dir)?, name)?,
+        MOp::Rmdir { dir, name } => fs.rmdir(txn, ino(dir)?, name)?,
+        MOp::Rename { sdir, sname, ddir, dname } => {
+            fs.rename(txn, ino(sdir)?, sname, ino(ddir)?, dname, RenameFlags::default())?;
+        }
+        MOp::Group(ops) => {
+            for op in ops {
+                exec(fs, map, op, txn)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn walk_checked(fs: &Fs, invariant: FsInvariant) -> Result<Tree, FsViolation> {
+    walk(fs).map_err(|message| FsViolation { invariant, message })
+}
+
+/// The canonical tree of a mounted file system: breadth first from the root, entries by name
+/// (the model's order), every file read whole (crc-checked by the file system).
+///
+/// # Errors
+/// A read or lookup that failed (`EIO` on a legal image is a lost write).
+pub fn walk(fs: &Fs) -> Result<Tree, String> {
+    let mut raw = Vec::new();
+    let mut queue = VecDeque::from([("/".to_string(), ROOT, ROOT)]);
+    let mut seen_dirs = BTreeSet::from([ROOT]);
+    while let Some((path, ino, parent)) = queue.pop_front() {
+        if raw.len() > WALK_NODES_MAX {
+            return Err("more nodes than any workload makes".into());
+        }
+        let attr = fs.getattr(ino).map_err(|e| format!("getattr {path}: {e}"))?;
+        let mut xattrs = BTreeMap::new();
+        for name in fs.listxattr(ino).map_err(|e| format!("listxattr {path}: {e}"))? {
+            let v = fs.getxattr(ino, &name).map_err(|e| format!("getxattr {path}: {e}"))?;
+            xattrs.insert(name, v);
+        }
+        let dir = attr.kind == FileKind::Dir;
+        let mut node = RawNode {
+            path: path.clone(),
+            id: ino,
+            dir,
+            perm: attr.perm,
+            nlink: attr.nlink,
+            size: if dir { 0 } else { attr.size },
+            data: Vec::new(),
+            xattrs,
+            dotdot_ok: true,
+        };
+        if dir {
+            let mut entries = fs.readdir(ino, 0).map_err(|e| format!("readdir {path}: {e}"))?;
+            node.dotdot_ok = entries.iter().any(|e| e.name == b".." && e.ino == parent);
+            entries.retain(|e| e.name != b"." && e.name != b"..");
+            entries.sort_by(|a, b| a.name.cmp(&b.name));
+            for e in entries {
+                let child = super::model::join(&path, &String::from_utf8_lossy(&e.name));
+                let is_dir = fs.getattr(e.ino).map(|a| a.kind == FileKind::Dir).unwrap_or(false);
+                if is_dir && !seen_dirs.insert(e.ino) {
+                    // A directory with two names: recorded once more, not walked again.
+                    raw.push(RawNode {
+                        path: child,
+                        id: e.ino,
+                        dir: true,
+                        perm: 0,
+                        nlink: 0,
+                        size: 0,
+                        data: Vec::new(),
+                        xattrs: BTreeMap::new(),
+                        dotdot_ok: false,
+                    });
+                    continue;
+                }
+                queue.push_back((child, e.ino, ino));
+            }
+        } else {
+            node.data =
+                fs.read(ino, 0, attr.size as usize).map_err(|e| format!("read {path}: {e}"))?;
+            if node.data.len() as u64 != attr.size {
+                return Err(format!("read {path}: {} bytes of {}", node.data.len(), attr.size));
+            }
+        }
+        raw.push(node);
+    }
+    Ok(Tree::from_raw(raw, false))
+}
+
+/// The live device of a workload: a crash device that freezes a crash point after every submit,
+/// wait and flush while recording, so crashes inside one operation can be explored.
+struct Tap {
+    inner: CrashDevice,
+    points: Mutex<Option<Vec<CrashPoint>>>,
+}
+
+impl Tap {
+    fn new(inner: CrashDevice) -> Arc<Tap> {
+        Arc::new(Tap { inner, points: Mutex::new(None) })
+    }
+
+    fn guard(&self) -> MutexGuard<'_, Option<Vec<CrashPoint>>> {
+        self.points.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn set_recording(&self, on: bool) {
+        *self.guard() = if on { Some(Vec::new()) } else { None };
+    }
+
+    fn take_points(&self) -> Vec<CrashPoint> {
+        self.guard().take().unwrap_or_default()
+    }
+
+    fn snap(&self) {
+        let mut g = self.guard();
+        if let Some(list) = g.as_mut() {
+            list.push(self.inner.crash_point());
+        }
+    }
+}
+
+impl Device for Tap {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    fn read(&self, block: u64, buf: &mut [u8]) -> tally_media::Result<()> {
+        self.inner.read(block, buf)
+    }
+    fn submit(
+        &self,
+        writes: Vec<tally_media::Write>,
+        flags: tally_media::WriteFlags,
+    ) -> tally_media::Result<tally_media::Ticket> {
+        let r = self.inner.submit(writes, flags);
+        self.snap();
+        r
+    }
+    fn wait(&self, ticket: tally_media::Ticket) -> tally_media::Result<()> {
+        let r = self.inner.wait(ticket);
+        self.snap();
+        r
+    }
+    fn flush(&self) -> tally_media::Result<()> {
+        let r = self.inner.flush();
+        self.snap();
+        r
+    }
+    fn stats(&self) -> tally_media::DeviceStats {
+        self.inner.stats()
+    }
+}
+
+/// A fingerprint of an image, for counting distinct states.
+fn image_hash(image: &Image) -> u64 {
+    let mut h: u64 = 0;
+    for (block, bytes) in image.written_blocks() {
+        let c = crc32c::crc32c_append(block as u32, bytes);
+        h = h.rotate_left(7) ^ (u64::from(c) << 32 | block);
+    }
+    h
+}
