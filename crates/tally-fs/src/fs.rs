@@ -2,7 +2,9 @@
 //! log; explicit transactions; fsync, barrier, sync.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use crate::sync::{Condvar, Mutex, MutexGuard};
 
 use tally_log::{Log, LogConfig, LogError, OpenOptions, Transaction, TxId};
 use tally_media::Device;
@@ -1606,7 +1608,7 @@ impl Fs {
         let id = st.txns.next;
         st.txns.open.insert(
             id,
-            TxnState { thread: Some(std::thread::current().id()), ..TxnState::default() },
+            TxnState { thread: Some(crate::sync::current_thread()), ..TxnState::default() },
         );
         Ok(Txn { id })
     }

@@ -51,6 +51,7 @@ mod mutant;
 pub mod record;
 mod snapshot;
 mod state;
+mod sync;
 mod txn;
 mod types;
 

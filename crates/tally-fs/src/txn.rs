@@ -146,7 +146,7 @@ pub(crate) struct TxnState {
     /// Stream of its first operation.
     pub stream: Option<u16>,
     /// The thread that began it.
-    pub thread: Option<std::thread::ThreadId>,
+    pub thread: Option<crate::sync::ThreadId>,
 }
 
 #[derive(Debug, Default)]
@@ -199,7 +199,7 @@ impl Cx {
     /// operation outside transactions waits, unless its own thread holds one of them (it would
     /// wait for itself) and gets `EBUSY` too.
     fn conflict(&self, st: &State, owners: &[TxnId]) -> Stop {
-        let me = std::thread::current().id();
+        let me = crate::sync::current_thread();
         let mine = owners.iter().any(|o| st.txns.open.get(o).is_some_and(|t| t.thread == Some(me)));
         if self.txn.is_some() || mine {
             Stop::Err(FsError::Busy)
