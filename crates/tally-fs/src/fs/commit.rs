@@ -1,0 +1,285 @@
+//! Committing one operation: its touched objects become records of one log transaction, with
+//! the dependencies on other streams it needs; then the bookkeeping (versions, counts, cache).
+
+use std::collections::{BTreeSet, HashMap};
+
+use tally_log::{Transaction, TxId};
+
+use crate::mutant::FsMutant;
+use crate::record::{Record, DATA_HOLE};
+use crate::state::{Cached, Key, State};
+use crate::txn::Cx;
+use crate::types::*;
+use crate::{FsError, Result};
+
+use super::{Fs, CACHE_LIMIT};
+
+/// Committed data blocks that a committed change of `touched` (with pre-images `undo`) made
+/// dead: overwritten or removed blocks, and every block of a freed inode. A hint for cleaning.
+pub(crate) fn dying_blocks(st: &State, touched: &BTreeSet<Key>, undo: &[crate::txn::Undo]) -> u64 {
+    let mut n = 0;
+    for u in undo {
+        let crate::txn::Undo::Inode(ino, Some(old)) = u else { continue };
+        match st.inodes.get(ino) {
+            None => n += old.blocks.values().filter(|b| b.tx.is_some()).count() as u64,
+            Some(_) => {
+                for key in touched.range(Key::Block(*ino, 0)..=Key::Block(*ino, u64::MAX)) {
+                    if let Key::Block(_, b) = key {
+                        n += u64::from(old.blocks.get(b).is_some_and(|b| b.tx.is_some()));
+                    }
+                }
+            }
+        }
+    }
+    n
+}
+
+impl Fs {
+    /// Commit one operation outside any explicit transaction.
+    pub(crate) fn commit_op(&self, st: &mut State, mut cx: Cx, stream: u16) -> Result<()> {
+        let overrides = cx.storage_attrs(st);
+        let ver = st.next_ver();
+        let mut deps = self.deps_of(st, &cx.touched, &cx.undo, stream);
+        if !cx.split.is_empty() {
+            // Mutant: part of the operation committed as a transaction of its own.
+            let first: BTreeSet<Key> = std::mem::take(&mut cx.split);
+            let rest: BTreeSet<Key> = cx.touched.difference(&first).cloned().collect();
+            if let Err(e) = self.persist(st, &first, &overrides, ver, stream, &deps) {
+                cx.rollback(st);
+                return Err(e);
+            }
+            deps.clear();
+            let ver2 = st.next_ver();
+            return self.persist(st, &rest, &overrides, ver2, stream, &deps).map(|_| ());
+        }
+        match self.persist(st, &cx.touched, &overrides, ver, stream, &deps) {
+            Ok(_) => {
+                st.dead_blocks += dying_blocks(st, &cx.touched, &cx.undo);
+                Ok(())
+            }
+            Err(e) => {
+                cx.rollback(st);
+                Err(e)
+            }
+        }
+    }
+
+    /// Dependencies of a transaction touching `keys` on `stream`: the last transaction of every
+    /// inode it touches, when that one is on another stream and not yet durable; and every
+    /// barrier not yet durable.
+    pub(crate) fn deps_of(
+        &self,
+        st: &mut State,
+        keys: &BTreeSet<Key>,
+        undo: &[crate::txn::Undo],
+        stream: u16,
+    ) -> Vec<TxId> {
+        if self.mutant == Some(FsMutant::NoDependencies) {
+            return Vec::new();
+        }
+        let mut deps: BTreeSet<TxId> = BTreeSet::new();
+        let owners: BTreeSet<Ino> = keys.iter().map(Key::owner).collect();
+        for ino in &owners {
+            if let Some(t) = st.inodes.get(ino).and_then(|i| i.last_tx) {
+                deps.insert(t);
+            }
+        }
+        for u in undo {
+            if let crate::txn::Undo::Inode(_, Some(i)) = u {
+                if let Some(t) = i.last_tx {
+                    deps.insert(t);
+                }
+            }
+        }
+        st.barriers.retain(|t| self.log.durable_seq(t.stream) < t.seq);
+        deps.extend(st.barriers.iter().copied());
+        deps.into_iter()
+            .filter(|t| t.stream != stream && self.log.durable_seq(t.stream) < t.seq)
+            .collect()
+    }
+
+    /// Write the current state of `keys` as one log transaction with version `ver`; update the
+    /// bookkeeping. Returns the transaction's id (`None` if there was nothing to write).
+    pub(crate) fn persist(
+        &self,
+        st: &mut State,
+        keys: &BTreeSet<Key>,
+        overrides: &HashMap<Ino, Attr>,
+        ver: u64,
+        stream: u16,
+        deps: &[TxId],
+    ) -> Result<Option<TxId>> {
+        let mut tx = Transaction::new(stream);
+        for d in deps {
+            tx.depend_on(*d);
+        }
+        // (key, tombstone?, data index)
+        let mut written: Vec<(Key, bool, Option<u32>)> = Vec::new();
+        for key in keys {
+            let owner = key.owner();
+            let Some(inode) = st.inodes.get(&owner) else {
+                // The owner was freed: one `Free` covers everything of it.
+                if matches!(key, Key::Inode(_)) && st.ino_count.get(&owner).is_some_and(|&c| c > 0)
+                {
+                    tx.record(Record::Free { ver, ino: owner }.encode());
+                    written.push((key.clone(), true, None));
+                }
+                continue;
+            };
+            let rec = match key {
+                Key::Fs => continue,
+                Key::Inode(_) => Some(Record::Inode {
+                    ver,
+                    attr: overrides.get(&owner).copied().unwrap_or(inode.attr),
+                    target: inode.target.clone(),
+                }),
+                Key::Dentry(dir, name) => {
+                    let d = inode.dir.as_ref().and_then(|d| d.entries.get(name));
+                    d.map(|d| Record::Dentry {
+                        ver,
+                        dir: *dir,
+                        name: name.clone(),
+                        ino: d.ino,
+                        kind: d.kind,
+                        cookie: d.cookie,
+                    })
+                }
+                Key::Block(ino, b) => match inode.blocks.get(b) {
+                    Some(block) => {
+                        let Some(data) = &block.data else { continue };
+                        let idx = tx.data(data.as_slice());
+                        written.push((key.clone(), false, Some(idx)));
+                        tx.record(
+                            Record::Extent { ver, ino: *ino, block: *b, data: idx, crc: block.crc }
+                                .encode(),
+                        );
+                        continue;
+                    }
+                    None => None,
+                },
+                Key::Xattr(ino, name) => inode.xattrs.get(name).map(|x| Record::Xattr {
+                    ver,
+                    ino: *ino,
+                    name: name.clone(),
+                    value: Some(x.value.clone()),
+                }),
+            };
+            match rec {
+                Some(r) => {
+                    tx.record(r.encode());
+                    written.push((key.clone(), false, None));
+                }
+                None if st.in_log(key) => {
+                    let tomb = match key {
+                        Key::Dentry(dir, name) => Record::Dentry {
+                            ver,
+                            dir: *dir,
+                            name: name.clone(),
+                            ino: 0,
+                            kind: FileKind::File,
+                            cookie: 0,
+                        },
+                        Key::Block(ino, b) => {
+                            Record::Extent { ver, ino: *ino, block: *b, data: DATA_HOLE, crc: 0 }
+                        }
+                        Key::Xattr(ino, name) => {
+                            Record::Xattr { ver, ino: *ino, name: name.clone(), value: None }
+                        }
+                        Key::Fs | Key::Inode(_) => continue,
+                    };
+                    tx.record(tomb.encode());
+                    written.push((key.clone(), true, None));
+                }
+                None => {
+                    st.tombs.remove(key);
+                }
+            }
+        }
+        if written.is_empty() {
+            return Ok(None);
+        }
+        let info = match self.log.commit(tx) {
+            Ok(info) => info,
+            Err(e) => {
+                let e = FsError::from(e);
+                if let FsError::ReadOnly(m) | FsError::Io(m) = &e {
+                    st.failed = Some(m.clone());
+                }
+                return Err(e);
+            }
+        };
+        let ticket = info.ticket;
+        for (key, tomb, idx) in written {
+            st.count(&key);
+            let owner = key.owner();
+            if tomb {
+                match key {
+                    Key::Inode(ino) => {
+                        st.freed.insert(ino, ver);
+                    }
+                    k => {
+                        st.tombs.insert(k, ver);
+                    }
+                }
+                continue;
+            }
+            st.tombs.remove(&key);
+            let Some(inode) = st.inodes.get_mut(&owner) else { continue };
+            match &key {
+                Key::Fs => {}
+                Key::Inode(_) => inode.ver = ver,
+                Key::Dentry(_, name) => {
+                    if let Some(d) = inode.dir.as_mut().and_then(|d| d.entries.get_mut(name)) {
+                        d.ver = ver;
+                    }
+                }
+                Key::Block(ino, b) => {
+                    if let (Some(block), Some(idx)) = (inode.blocks.get_mut(b), idx) {
+                        block.ver = ver;
+                        block.addr = info.data_start + u64::from(idx);
+                        block.tx = Some(ticket);
+                        st.cached.push_back(Cached { tx: ticket, ino: *ino, block: *b, ver });
+                        st.cached_bytes += self.bs as usize;
+                    }
+                }
+                Key::Xattr(_, name) => {
+                    if let Some(x) = inode.xattrs.get_mut(name) {
+                        x.ver = ver;
+                    }
+                }
+            }
+        }
+        let owners: BTreeSet<Ino> = keys.iter().map(Key::owner).collect();
+        for ino in owners {
+            if let Some(i) = st.inodes.get_mut(&ino) {
+                i.last_tx = Some(ticket);
+            }
+        }
+        if st.cached_bytes > CACHE_LIMIT {
+            self.log.sync()?;
+            self.prune_cache(st);
+        }
+        Ok(Some(ticket))
+    }
+
+    /// Drop the cached bytes of data blocks whose transactions are durable.
+    pub(crate) fn prune_cache(&self, st: &mut State) {
+        let bs = self.bs as usize;
+        let log = &self.log;
+        let mut keep = std::collections::VecDeque::new();
+        for c in std::mem::take(&mut st.cached) {
+            if log.durable_seq(c.tx.stream) >= c.tx.seq {
+                st.cached_bytes = st.cached_bytes.saturating_sub(bs);
+                if let Some(b) = st.inodes.get_mut(&c.ino).and_then(|i| i.blocks.get_mut(&c.block))
+                {
+                    if b.ver == c.ver {
+                        b.data = None;
+                    }
+                }
+            } else {
+                keep.push_back(c);
+            }
+        }
+        st.cached = keep;
+    }
+}

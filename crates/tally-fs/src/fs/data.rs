@@ -1,0 +1,295 @@
+//! Attributes, data and extended attributes of one inode.
+
+use std::sync::Arc;
+
+use crate::state::{Block, State};
+use crate::txn::{Cx, OpResult};
+use crate::types::*;
+use crate::{FsError, Result};
+
+use super::{touch_times, Fs, Txn};
+
+impl Fs {
+    /// Change attributes. A size change truncates or extends (with zeros) a regular file.
+    ///
+    /// # Errors
+    /// `ENOENT`, `EISDIR`/`EINVAL` for a size change on a non-file, `EFBIG`, `EBUSY`.
+    pub fn setattr(&self, txn: Option<&Txn>, ino: Ino, set: &SetAttr) -> Result<Attr> {
+        if set.size.is_some_and(|s| s > FILE_SIZE_MAX) {
+            return Err(FsError::FileTooBig);
+        }
+        self.op(txn, ino, false, |st, cx| {
+            let kind = st.inode(ino)?.attr.kind;
+            if set.size.is_some() {
+                match kind {
+                    FileKind::File => {}
+                    FileKind::Dir => return Err(FsError::IsDir.into()),
+                    _ => return Err(FsError::Invalid("size of a non-file").into()),
+                }
+            }
+            cx.inode(st, ino)?;
+            let now = Timespec::now();
+            if let Some(size) = set.size {
+                self.truncate(st, cx, ino, size)?;
+                let a = &mut st.inode_mut(ino)?.attr;
+                a.mtime = now;
+            }
+            let a = &mut st.inode_mut(ino)?.attr;
+            if let Some(p) = set.perm {
+                a.perm = p & 0o7777;
+            }
+            let owner_changed =
+                set.uid.is_some_and(|u| u != a.uid) || set.gid.is_some_and(|g| g != a.gid);
+            if let Some(u) = set.uid {
+                a.uid = u;
+            }
+            if let Some(g) = set.gid {
+                a.gid = g;
+            }
+            if owner_changed && set.perm.is_none() && kind != FileKind::Dir {
+                a.perm &= !0o4000;
+                if a.perm & 0o010 != 0 {
+                    a.perm &= !0o2000;
+                }
+            }
+            let time = |t: SetTime| match t {
+                SetTime::Now => now,
+                SetTime::At(t) => t,
+            };
+            if let Some(t) = set.atime {
+                a.atime = time(t);
+            }
+            if let Some(t) = set.mtime {
+                a.mtime = time(t);
+            }
+            a.ctime = set.ctime.unwrap_or(now);
+            Ok(*a)
+        })
+    }
+
+    /// Set a file's size: blocks past it become holes; the tail of a partial last block is
+    /// zeroed (so a later extension reads zeros).
+    pub(crate) fn truncate(
+        &self,
+        st: &mut State,
+        cx: &mut Cx,
+        ino: Ino,
+        size: u64,
+    ) -> OpResult<()> {
+        let bs = u64::from(self.bs);
+        let old = st.inode(ino)?.attr.size;
+        if size < old {
+            let keep = size.div_ceil(bs);
+            for b in st.block_keys(ino, keep) {
+                cx.block(ino, b);
+                st.inode_mut(ino)?.blocks.remove(&b);
+            }
+            if !size.is_multiple_of(bs) {
+                let b = size / bs;
+                if let Some(block) = st.inode(ino)?.blocks.get(&b).cloned() {
+                    let mut bytes = self.block_bytes(ino, b, &block)?.as_ref().clone();
+                    bytes[(size % bs) as usize..].fill(0);
+                    cx.block(ino, b);
+                    Self::put_block(st, ino, b, bytes)?;
+                }
+            }
+        }
+        st.inode_mut(ino)?.attr.size = size;
+        Ok(())
+    }
+
+    pub(crate) fn put_block(st: &mut State, ino: Ino, b: u64, bytes: Vec<u8>) -> Result<()> {
+        let crc = crc32c::crc32c(&bytes);
+        let block = Block { ver: 0, crc, addr: 0, tx: None, data: Some(Arc::new(bytes)) };
+        st.inode_mut(ino)?.blocks.insert(b, block);
+        Ok(())
+    }
+
+    /// Write `data` at `offset` (any offset and length; a gap past the end becomes a hole).
+    /// Copy-on-write: new blocks, partial blocks merged in memory. A write larger than a
+    /// transaction can hold is split into several transactions, each atomic; if a later one
+    /// fails (out of space) after earlier ones committed, the count written so far is returned
+    /// (a short write, as POSIX has it).
+    ///
+    /// # Errors
+    /// `ENOENT`, `EISDIR`, `EINVAL`, `EFBIG`, `ENOSPC`, `EIO`, `EBUSY`.
+    pub fn write(&self, txn: Option<&Txn>, ino: Ino, offset: u64, data: &[u8]) -> Result<usize> {
+        let end = offset.checked_add(data.len() as u64).ok_or(FsError::FileTooBig)?;
+        if end > FILE_SIZE_MAX {
+            return Err(FsError::FileTooBig);
+        }
+        if data.is_empty() {
+            self.getattr(ino)?;
+            return Ok(0);
+        }
+        let bs = u64::from(self.bs);
+        let chunk = if txn.is_some() { u64::MAX } else { self.max_tx_blocks * bs };
+        let mut at = offset;
+        while at < end {
+            let stop = end.min((at / bs * bs).saturating_add(chunk));
+            let part = &data[(at - offset) as usize..(stop - offset) as usize];
+            match self.op(txn, ino, true, |st, cx| self.write_part(st, cx, ino, at, part)) {
+                Ok(()) => at = stop,
+                // A short write, as POSIX has it: the parts written are committed.
+                Err(_) if at > offset => return Ok((at - offset) as usize),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(data.len())
+    }
+
+    pub(crate) fn write_part(
+        &self,
+        st: &mut State,
+        cx: &mut Cx,
+        ino: Ino,
+        offset: u64,
+        data: &[u8],
+    ) -> OpResult<()> {
+        match st.inode(ino)?.attr.kind {
+            FileKind::File => {}
+            FileKind::Dir => return Err(FsError::IsDir.into()),
+            _ => return Err(FsError::Invalid("not a regular file").into()),
+        }
+        cx.inode(st, ino)?;
+        let bs = u64::from(self.bs);
+        let end = offset + data.len() as u64;
+        for b in offset / bs..=(end - 1) / bs {
+            let (bstart, bend) = (b * bs, (b + 1) * bs);
+            let (from, to) = (offset.max(bstart), end.min(bend));
+            let mut bytes = if from == bstart && to == bend {
+                vec![0u8; bs as usize]
+            } else {
+                match st.inode(ino)?.blocks.get(&b).cloned() {
+                    Some(block) => self.block_bytes(ino, b, &block)?.as_ref().clone(),
+                    None => vec![0u8; bs as usize],
+                }
+            };
+            bytes[(from - bstart) as usize..(to - bstart) as usize]
+                .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+            cx.block(ino, b);
+            Self::put_block(st, ino, b, bytes)?;
+        }
+        let now = Timespec::now();
+        let a = &mut st.inode_mut(ino)?.attr;
+        a.size = a.size.max(end);
+        touch_times(a, now);
+        Ok(())
+    }
+
+    /// Allocate (extend the size unless `keep_size`) or punch a hole. Copy-on-write cannot
+    /// reserve blocks for later overwrites, so allocation only sets the size: a later write can
+    /// still get `ENOSPC` (as on other copy-on-write file systems).
+    ///
+    /// # Errors
+    /// `ENOENT`, `EISDIR`, `EINVAL`, `EFBIG`, `EBUSY`.
+    pub fn fallocate(
+        &self,
+        txn: Option<&Txn>,
+        ino: Ino,
+        offset: u64,
+        len: u64,
+        flags: FallocFlags,
+    ) -> Result<()> {
+        let end = offset.checked_add(len).ok_or(FsError::FileTooBig)?;
+        if len == 0 {
+            return Err(FsError::Invalid("zero length"));
+        }
+        if end > FILE_SIZE_MAX {
+            return Err(FsError::FileTooBig);
+        }
+        if flags.punch_hole && !flags.keep_size {
+            return Err(FsError::Invalid("punching a hole needs KEEP_SIZE"));
+        }
+        self.op(txn, ino, !flags.punch_hole, |st, cx| {
+            match st.inode(ino)?.attr.kind {
+                FileKind::File => {}
+                FileKind::Dir => return Err(FsError::IsDir.into()),
+                _ => return Err(FsError::Invalid("not a regular file").into()),
+            }
+            cx.inode(st, ino)?;
+            let now = Timespec::now();
+            if flags.punch_hole {
+                let bs = u64::from(self.bs);
+                let size = st.inode(ino)?.attr.size;
+                let end = end.min(size);
+                if offset < end {
+                    for b in offset / bs..=(end - 1) / bs {
+                        let Some(block) = st.inode(ino)?.blocks.get(&b).cloned() else { continue };
+                        let (bstart, bend) = (b * bs, (b + 1) * bs);
+                        let (from, to) = (offset.max(bstart), end.min(bend));
+                        cx.block(ino, b);
+                        if from == bstart && to == bend {
+                            st.inode_mut(ino)?.blocks.remove(&b);
+                        } else {
+                            let mut bytes = self.block_bytes(ino, b, &block)?.as_ref().clone();
+                            bytes[(from - bstart) as usize..(to - bstart) as usize].fill(0);
+                            Self::put_block(st, ino, b, bytes)?;
+                        }
+                    }
+                }
+                touch_times(&mut st.inode_mut(ino)?.attr, now);
+            } else if !flags.keep_size {
+                let a = &mut st.inode_mut(ino)?.attr;
+                if end > a.size {
+                    a.size = end;
+                    a.ctime = now;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Set an extended attribute.
+    ///
+    /// # Errors
+    /// `ENOENT`, `EEXIST` (create), `ENODATA` (replace), `ERANGE` (name or value too long),
+    /// `EINVAL` (empty name), `ENOSPC`, `EBUSY`.
+    pub fn setxattr(
+        &self,
+        txn: Option<&Txn>,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        how: XattrSet,
+    ) -> Result<()> {
+        if name.is_empty() {
+            return Err(FsError::Invalid("empty attribute name"));
+        }
+        if name.len() > XATTR_NAME_MAX || value.len() > XATTR_VALUE_MAX {
+            return Err(FsError::Range);
+        }
+        self.op(txn, ino, true, |st, cx| {
+            let exists = st.inode(ino)?.xattrs.contains_key(name);
+            match how {
+                XattrSet::Create if exists => return Err(FsError::Exists.into()),
+                XattrSet::Replace if !exists => return Err(FsError::NoAttr.into()),
+                _ => {}
+            }
+            cx.inode(st, ino)?;
+            cx.xattr(ino, name);
+            let i = st.inode_mut(ino)?;
+            i.xattrs.insert(name.to_vec(), crate::state::Xattr { value: value.to_vec(), ver: 0 });
+            i.attr.ctime = Timespec::now();
+            Ok(())
+        })
+    }
+
+    /// Remove an extended attribute.
+    ///
+    /// # Errors
+    /// `ENOENT`, `ENODATA`, `EBUSY`.
+    pub fn removexattr(&self, txn: Option<&Txn>, ino: Ino, name: &[u8]) -> Result<()> {
+        self.op(txn, ino, false, |st, cx| {
+            if !st.inode(ino)?.xattrs.contains_key(name) {
+                return Err(FsError::NoAttr.into());
+            }
+            cx.inode(st, ino)?;
+            cx.xattr(ino, name);
+            let i = st.inode_mut(ino)?;
+            i.xattrs.remove(name);
+            i.attr.ctime = Timespec::now();
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,393 @@
+//! The file system: operations shaped like the POSIX calls, each one atomic transaction on the
+//! log; explicit transactions; fsync, barrier, sync.
+//!
+//! Invariants:
+//! - the DRAM state changes only inside [`Fs::op`] (and at the end of an explicit transaction),
+//!   under the state lock; every change is either in a log transaction placed before the lock is
+//!   released, or rolled back from its pre-images (`txn.rs`);
+//! - versions are handed out under the lock in the order changes take effect, and every record
+//!   of one operation carries its version; two operations on one stream are placed in the log in
+//!   the order they changed the state;
+//! - a transaction touching an inode whose last change is on another stream and not durable
+//!   depends on that change (`commit.rs`);
+//! - a data block's bytes stay in memory until its transaction is durable, so a read never
+//!   reaches the device before the write did.
+//!
+//! The operations live in `read.rs`, `namespace.rs`, `data.rs` and `transactions.rs`; how one
+//! becomes log records in `commit.rs`.
+
+use std::sync::Arc;
+
+use crate::sync::{Condvar, Mutex, MutexGuard};
+
+use tally_log::{Log, LogConfig, LogError, OpenOptions, Transaction};
+use tally_media::Device;
+
+use crate::mutant::FsMutant;
+use crate::record::Record;
+use crate::state::{fresh_attr, State};
+use crate::txn::{Cx, OpResult, Stop, TxnId};
+use crate::types::{Attr, FileKind, Ino, Timespec, ROOT};
+use crate::{FsError, Result};
+
+mod commit;
+mod data;
+mod namespace;
+mod read;
+mod transactions;
+
+/// Shape of a new file system, given to [`Fs::mkfs`].
+#[derive(Debug, Clone)]
+pub struct MkfsOptions {
+    /// Log streams (ordering domains). Operations on a file go to stream `ino % streams`.
+    pub streams: u16,
+    /// Blocks per log segment. A transaction (one operation, or an explicit transaction) must
+    /// fit in half a segment.
+    pub segment_blocks: u32,
+    /// Identity of the image; random when `None`.
+    pub uuid: Option<[u8; 16]>,
+}
+
+impl Default for MkfsOptions {
+    fn default() -> Self {
+        MkfsOptions { streams: 4, segment_blocks: 1024, uuid: None }
+    }
+}
+
+/// How operations are spread over the log's streams.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub enum StreamPolicy {
+    /// Stream `ino % streams` of the file written (the directory, for namespace operations):
+    /// `fsync` of a file waits only for that stream's prefix, and operations on one file never
+    /// need a cross-stream dependency.
+    #[default]
+    PerFile,
+    /// Stream of the calling thread (threads numbered in order of first use): threads never
+    /// share a stream's submission path, files touched by several threads gather dependencies.
+    PerThread,
+}
+
+/// Options of [`Fs::mount`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MountOptions {
+    /// How operations are spread over streams.
+    pub streams: StreamPolicy,
+    /// A deliberately broken variant of the file system (needs the `mutants` feature).
+    pub mutant: Option<FsMutant>,
+    /// A deliberately broken variant of the log underneath.
+    pub log_mutant: Option<tally_log::Mutant>,
+}
+
+/// Data bytes held in memory until durable before the file system makes them durable itself.
+pub(crate) const CACHE_LIMIT: usize = 64 << 20;
+/// Free log segments kept for deletes and cleaning: operations that add data or objects fail
+/// with `ENOSPC` when no more than this many are free; deletes and truncates may use them.
+pub(crate) const RESERVED_SEGMENTS: u32 = 2;
+
+/// An open explicit transaction; pass it to operations, then to [`Fs::commit`],
+/// [`Fs::commit_durable`] or [`Fs::abort`].
+#[derive(Debug)]
+#[must_use = "an explicit transaction holds locks until it is committed or aborted"]
+pub struct Txn {
+    pub(crate) id: TxnId,
+}
+
+impl Txn {
+    /// Its number (for front ends that name transactions across calls, e.g. ioctls).
+    #[must_use]
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+/// A mounted file system. Every method takes `&self`; it can be shared between threads.
+pub struct Fs {
+    pub(crate) log: Log,
+    pub(crate) state: Mutex<State>,
+    /// Signalled when an explicit transaction ends (waiters retry).
+    cv: Condvar,
+    pub(crate) streams: u16,
+    pub(crate) bs: u32,
+    /// Most data blocks one operation's transaction carries.
+    max_tx_blocks: u64,
+    pub(crate) segment_blocks: u32,
+    pub(crate) mutant: Option<FsMutant>,
+    policy: StreamPolicy,
+    report: MountReport,
+}
+
+/// How a mount went.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct MountReport {
+    /// The state came from a clean-unmount snapshot (no scan, no replay).
+    pub from_snapshot: bool,
+    /// Blocks read from the device: the snapshot's, or the scan's.
+    pub blocks_read: u64,
+    /// Log transactions whose records were replayed (0 from a snapshot).
+    pub transactions_replayed: u64,
+    /// Inodes after mount.
+    pub inodes: u64,
+    /// Files without links (open at their last unlink) freed by the mount.
+    pub orphans_freed: u64,
+    /// Time from the start of mount to the state being ready.
+    #[serde(serialize_with = "crate::fs::secs")]
+    pub time: std::time::Duration,
+}
+
+fn secs<S: serde::Serializer>(
+    d: &std::time::Duration,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+/// A small number per thread, in order of first use.
+fn thread_slot() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    thread_local!(static SLOT: u64 = NEXT.fetch_add(1, Ordering::Relaxed));
+    SLOT.with(|s| *s)
+}
+
+pub(crate) fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `ctime`/`mtime` to now.
+pub(crate) fn touch_times(attr: &mut Attr, now: Timespec) {
+    attr.mtime = now;
+    attr.ctime = now;
+}
+
+impl Fs {
+    /// Make a new, empty file system on `dev` (the log, then its first transaction: the
+    /// file-system record and the root directory, durable before this returns).
+    ///
+    /// # Errors
+    /// Bad options, I/O errors.
+    pub fn mkfs(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<()> {
+        let mut cfg = LogConfig {
+            streams: opts.streams,
+            segment_blocks: opts.segment_blocks,
+            ..LogConfig::default()
+        };
+        if let Some(uuid) = opts.uuid {
+            cfg.uuid = uuid;
+        }
+        if opts.segment_blocks < 8 {
+            return Err(FsError::Invalid("segments must hold at least 8 blocks"));
+        }
+        Log::format(&*dev, &cfg)?;
+        let (log, _) = Log::open(dev.clone(), OpenOptions::default())?;
+        let bs = dev.geometry().block_size;
+        let now = Timespec::now();
+        let root = fresh_attr(ROOT, FileKind::Dir, 0o755, 0, 0, now);
+        let mut tx = Transaction::new(0);
+        tx.record(Record::Fs { ver: 1, block_size: bs }.encode());
+        tx.record(Record::Inode { ver: 2, attr: root, target: Vec::new() }.encode());
+        log.commit_durable(tx)?;
+        Ok(())
+    }
+
+    /// Mount the file system on `dev`: recover the log (after a crash: a parallel per-stream
+    /// scan) and rebuild the DRAM state from the surviving records.
+    ///
+    /// # Errors
+    /// Not a Tally file system, corrupted records, I/O errors, a mutant without the feature.
+    pub fn mount(dev: Arc<dyn Device>, opts: MountOptions) -> Result<Fs> {
+        if opts.mutant.is_some() && !crate::mutant::available() {
+            return Err(FsError::Invalid("mutants need the `mutants` feature"));
+        }
+        let started = std::time::Instant::now();
+        let log_opts = OpenOptions { mutant: opts.log_mutant };
+        let (mut log, mut recovery) = Log::open(dev.clone(), log_opts)?;
+        let mut report = MountReport::default();
+        let mut from_snapshot = None;
+        if let Some(payload) = recovery.snapshot.take() {
+            match crate::snapshot::decode(&payload) {
+                Ok(st) => from_snapshot = Some(st),
+                Err(e) => {
+                    // The log still holds everything the snapshot described: scan it.
+                    tracing::warn!("clean-unmount snapshot unusable ({e}); scanning the log");
+                    drop(log);
+                    (log, recovery) = Log::open(dev, log_opts)?;
+                }
+            }
+        }
+        report.blocks_read = recovery.blocks_scanned;
+        let mut st = match from_snapshot {
+            Some(st) => {
+                report.from_snapshot = true;
+                st
+            }
+            None => {
+                let streams: Vec<_> = recovery.streams.into_iter().map(|s| s.txs).collect();
+                report.transactions_replayed = streams.iter().map(|s| s.len() as u64).sum();
+                let ignore_versions = opts.mutant == Some(FsMutant::ReplayInLogOrder);
+                State::replay(&streams, ignore_versions)?
+            }
+        };
+        let orphans: Vec<Ino> = st
+            .inodes
+            .iter()
+            .filter(|(_, i)| i.attr.nlink == 0 && i.dir.is_none())
+            .map(|(&ino, _)| ino)
+            .collect();
+        let bs = log.device().geometry().block_size;
+        if st.block_size != bs {
+            return Err(FsError::Corrupted(format!(
+                "made with {}-byte blocks, device has {bs}",
+                st.block_size
+            )));
+        }
+        st.block_size = bs;
+        let segment_blocks = log.segment_blocks();
+        let mut fs = Fs {
+            streams: log.stream_count(),
+            bs,
+            max_tx_blocks: u64::from(segment_blocks / 2).saturating_sub(2).max(1),
+            segment_blocks,
+            log,
+            state: Mutex::new(st),
+            cv: Condvar::new(),
+            mutant: opts.mutant,
+            policy: opts.streams,
+            report,
+        };
+        // Files that were open when their last link went, and then the crash (or an unmount
+        // with handles still open): nobody can reach them any more.
+        fs.report.orphans_freed = orphans.len() as u64;
+        for ino in orphans {
+            fs.free_orphan(ino)?;
+        }
+        fs.report.inodes = lock(&fs.state).inodes.len() as u64;
+        fs.report.time = started.elapsed();
+        Ok(fs)
+    }
+
+    /// How the mount went (snapshot or scan, blocks read, time).
+    #[must_use]
+    pub fn mount_report(&self) -> MountReport {
+        self.report
+    }
+
+    /// Make everything durable and unmount, writing a snapshot of the DRAM state so the next
+    /// mount reads it instead of scanning the log.
+    ///
+    /// # Errors
+    /// I/O errors; read-only after an earlier error; open explicit transactions (they are
+    /// aborted first, then reported).
+    pub fn unmount(self) -> Result<()> {
+        let open: Vec<TxnId> = lock(&self.state).txns.open.keys().copied().collect();
+        for id in &open {
+            self.abort(Txn { id: *id })?;
+        }
+        self.log.sync().map_err(|e| self.fail(e))?;
+        let payload = {
+            let mut st = lock(&self.state);
+            if let Some(e) = &st.failed {
+                return Err(FsError::ReadOnly(e.clone()));
+            }
+            self.prune_cache(&mut st);
+            crate::snapshot::encode(&st)
+        };
+        let Fs { log, .. } = self;
+        log.close_clean(&payload)?;
+        if !open.is_empty() {
+            return Err(FsError::Invalid(
+                "explicit transactions were open at unmount and were aborted",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The log underneath (statistics, cleaning).
+    #[must_use]
+    pub fn log(&self) -> &Log {
+        &self.log
+    }
+
+    /// Block size.
+    #[must_use]
+    pub fn block_size(&self) -> u32 {
+        self.bs
+    }
+
+    /// Run one operation: `f` changes the DRAM state through `cx` (which keeps pre-images);
+    /// then the changes are committed as one log transaction (or handed to the explicit
+    /// transaction). Any failure rolls the DRAM state back exactly.
+    pub(crate) fn op<T>(
+        &self,
+        txn: Option<&Txn>,
+        primary: Ino,
+        grows: bool,
+        mut f: impl FnMut(&mut State, &mut Cx) -> OpResult<T>,
+    ) -> Result<T> {
+        let mut st = lock(&self.state);
+        loop {
+            if let Some(e) = &st.failed {
+                return Err(FsError::ReadOnly(e.clone()));
+            }
+            let id = txn.map(|t| t.id);
+            if let Some(id) = id {
+                if !st.txns.open.contains_key(&id) {
+                    return Err(FsError::NoTxn);
+                }
+            }
+            // Clean while space is low and cleaning frees something (any operation: deletes
+            // need room for their records too); cleaning plans its relocations before writing,
+            // so it fails cleanly when even they do not fit.
+            for _ in 0..self.streams.max(1) * 4 {
+                if self.log.free_segments() > RESERVED_SEGMENTS + 1 {
+                    break;
+                }
+                match self.clean_some(&mut st) {
+                    Ok(true) => {}
+                    Ok(false) | Err(FsError::NoSpace) => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            // Operations that add data or objects leave the reserve to deletes and cleaning.
+            if grows && self.log.free_segments() <= RESERVED_SEGMENTS {
+                return Err(FsError::NoSpace);
+            }
+            let mut cx = Cx::new(id);
+            match f(&mut st, &mut cx) {
+                Ok(v) => {
+                    let stream = self.stream_of(primary);
+                    match id {
+                        Some(id) => cx.into_txn(&mut st, id, stream),
+                        None => {
+                            self.commit_op(&mut st, cx, stream)?;
+                        }
+                    }
+                    return Ok(v);
+                }
+                Err(Stop::Err(e)) => {
+                    cx.rollback(&mut st);
+                    return Err(e);
+                }
+                Err(Stop::Wait) => {
+                    cx.rollback(&mut st);
+                    st = self.cv.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn stream_of(&self, ino: Ino) -> u16 {
+        let n = u64::from(self.streams.max(1));
+        match self.policy {
+            StreamPolicy::PerFile => (ino % n) as u16,
+            StreamPolicy::PerThread => (thread_slot() % n) as u16,
+        }
+    }
+
+    pub(crate) fn fail(&self, e: LogError) -> FsError {
+        let e = FsError::from(e);
+        if let FsError::ReadOnly(m) | FsError::Io(m) = &e {
+            lock(&self.state).failed.get_or_insert_with(|| m.clone());
+        }
+        e
+    }
+}

@@ -1,0 +1,448 @@
+//! Names: create, link, unlink, rmdir, rename, and the pins of open files.
+
+use crate::mutant::FsMutant;
+use crate::state::{fresh_attr, Dentry, Inode, Key, State};
+use crate::txn::{Cx, OpResult};
+use crate::types::*;
+use crate::{FsError, Result};
+
+use super::{lock, touch_times, Fs, Txn};
+
+/// What a new inode is made of.
+struct Node<'a> {
+    kind: FileKind,
+    perm: u16,
+    rdev: u64,
+    target: &'a [u8],
+    owner: Owner,
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > NAME_MAX {
+        return Err(FsError::NameTooLong);
+    }
+    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+        return Err(FsError::Invalid("illegal name"));
+    }
+    if name == b"." || name == b".." {
+        return Err(FsError::Invalid("`.` and `..` cannot be created, removed or renamed"));
+    }
+    Ok(())
+}
+
+impl Fs {
+    fn make_node(
+        &self,
+        txn: Option<&Txn>,
+        parent: Ino,
+        name: &[u8],
+        node: Node<'_>,
+    ) -> Result<Attr> {
+        let Node { kind, perm, rdev, target, owner } = node;
+        check_name(name)?;
+        if target.len() > SYMLINK_MAX {
+            return Err(FsError::NameTooLong);
+        }
+        self.op(txn, parent, true, |st, cx| {
+            let pdir = st.inode(parent)?;
+            let Some(dir) = &pdir.dir else { return Err(FsError::NotDir.into()) };
+            if dir.entries.contains_key(name) {
+                return Err(FsError::Exists.into());
+            }
+            if kind == FileKind::Dir && pdir.attr.nlink >= LINK_MAX {
+                return Err(FsError::TooManyLinks.into());
+            }
+            let psgid = pdir.attr.perm & 0o2000 != 0;
+            let pgid = pdir.attr.gid;
+            let now = Timespec::now();
+            cx.dentry(st, parent, name)?;
+            cx.dir_attr(st, parent)?;
+            let ino = st.next_ino;
+            st.next_ino += 1;
+            cx.inode(st, ino)?;
+            let mut attr = fresh_attr(ino, kind, perm, owner.uid, owner.gid, now);
+            if psgid {
+                attr.gid = pgid;
+                if kind == FileKind::Dir {
+                    attr.perm |= 0o2000;
+                }
+            }
+            attr.rdev = rdev;
+            if kind == FileKind::Symlink {
+                attr.size = target.len() as u64;
+            }
+            st.inodes.insert(ino, Inode::new(attr, target.to_vec(), parent));
+            let dir = st.dir_mut(parent)?;
+            let cookie = dir.next_cookie;
+            dir.insert(name.to_vec(), Dentry { ino, kind, cookie, ver: 0 });
+            let p = st.inode_mut(parent)?;
+            touch_times(&mut p.attr, now);
+            if kind == FileKind::Dir {
+                p.attr.nlink += 1;
+            }
+            Ok(attr)
+        })
+    }
+
+    /// Create a regular file.
+    ///
+    /// # Errors
+    /// `EEXIST`, `ENOENT`, `ENOTDIR`, `ENAMETOOLONG`, `EINVAL`, `ENOSPC`, `EBUSY`.
+    pub fn create(
+        &self,
+        txn: Option<&Txn>,
+        parent: Ino,
+        name: &[u8],
+        perm: u16,
+        owner: Owner,
+    ) -> Result<Attr> {
+        self.make_node(
+            txn,
+            parent,
+            name,
+            Node { kind: FileKind::File, perm, rdev: 0, target: &[], owner },
+        )
+    }
+
+    /// Create a directory.
+    ///
+    /// # Errors
+    /// As [`Fs::create`], and `EMLINK`.
+    pub fn mkdir(
+        &self,
+        txn: Option<&Txn>,
+        parent: Ino,
+        name: &[u8],
+        perm: u16,
+        owner: Owner,
+    ) -> Result<Attr> {
+        self.make_node(
+            txn,
+            parent,
+            name,
+            Node { kind: FileKind::Dir, perm, rdev: 0, target: &[], owner },
+        )
+    }
+
+    /// Create a special file (fifo, socket, device node) or a regular file.
+    ///
+    /// # Errors
+    /// As [`Fs::create`]; `EINVAL` for a directory or symlink kind.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mknod(
+        &self,
+        txn: Option<&Txn>,
+        parent: Ino,
+        name: &[u8],
+        kind: FileKind,
+        perm: u16,
+        rdev: u64,
+        owner: Owner,
+    ) -> Result<Attr> {
+        if matches!(kind, FileKind::Dir | FileKind::Symlink) {
+            return Err(FsError::Invalid("mknod makes files, fifos, sockets and device nodes"));
+        }
+        self.make_node(txn, parent, name, Node { kind, perm, rdev, target: &[], owner })
+    }
+
+    /// Create a symbolic link.
+    ///
+    /// # Errors
+    /// As [`Fs::create`]; `ENAMETOOLONG` for a target over 4095 bytes, `ENOENT` for an empty one.
+    pub fn symlink(
+        &self,
+        txn: Option<&Txn>,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+        owner: Owner,
+    ) -> Result<Attr> {
+        if target.is_empty() {
+            return Err(FsError::NotFound);
+        }
+        self.make_node(
+            txn,
+            parent,
+            name,
+            Node { kind: FileKind::Symlink, perm: 0o777, rdev: 0, target, owner },
+        )
+    }
+
+    /// Add a hard link `name` in `parent` to `ino`.
+    ///
+    /// # Errors
+    /// `EPERM` for a directory, `EMLINK`, `EEXIST`, `ENOENT`, `ENOTDIR`, `ENOSPC`, `EBUSY`.
+    pub fn link(&self, txn: Option<&Txn>, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
+        check_name(name)?;
+        self.op(txn, parent, true, |st, cx| {
+            let target = st.inode(ino)?.attr;
+            if target.kind == FileKind::Dir {
+                return Err(FsError::NotPermitted.into());
+            }
+            if target.nlink >= LINK_MAX {
+                return Err(FsError::TooManyLinks.into());
+            }
+            if st.dir(parent)?.entries.contains_key(name) {
+                return Err(FsError::Exists.into());
+            }
+            let now = Timespec::now();
+            cx.dentry(st, parent, name)?;
+            cx.dir_attr(st, parent)?;
+            cx.inode(st, ino)?;
+            let dir = st.dir_mut(parent)?;
+            let cookie = dir.next_cookie;
+            dir.insert(name.to_vec(), Dentry { ino, kind: target.kind, cookie, ver: 0 });
+            touch_times(&mut st.inode_mut(parent)?.attr, now);
+            let i = st.inode_mut(ino)?;
+            i.attr.nlink += 1;
+            i.attr.ctime = now;
+            Ok(i.attr)
+        })
+    }
+
+    /// Drop one link to `child` (already removed from its directory); free it at zero.
+    /// A file still open (pinned) at its last unlink stays, with no links, until released:
+    /// an orphan. Directories go at once.
+    pub(crate) fn drop_link(
+        st: &mut State,
+        cx: &mut Cx,
+        child: Ino,
+        now: Timespec,
+    ) -> OpResult<()> {
+        cx.inode(st, child)?;
+        let pinned = st.pins.get(&child).is_some_and(|&n| n > 0);
+        let c = st.inode_mut(child)?;
+        c.attr.nlink = c.attr.nlink.saturating_sub(1);
+        c.attr.ctime = now;
+        let is_dir = c.dir.is_some();
+        if is_dir || (c.attr.nlink == 0 && !pinned) {
+            st.inodes.remove(&child);
+        }
+        Ok(())
+    }
+
+    /// Pin `ino` while a handle to it is open (FUSE `open`/`opendir`): unlinking its last
+    /// name keeps it readable and writable until [`Fs::release`].
+    ///
+    /// # Errors
+    /// `ENOENT`.
+    pub fn open(&self, ino: Ino) -> Result<()> {
+        let mut st = lock(&self.state);
+        st.inode(ino)?;
+        *st.pins.entry(ino).or_default() += 1;
+        Ok(())
+    }
+
+    /// Drop a pin taken by [`Fs::open`]; the last release of a file without links frees it (one
+    /// transaction). Orphans left by a crash are freed at the next mount.
+    ///
+    /// # Errors
+    /// As the free's commit (out of space, I/O).
+    pub fn release(&self, ino: Ino) -> Result<()> {
+        {
+            let mut st = lock(&self.state);
+            match st.pins.get_mut(&ino) {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    return Ok(());
+                }
+                Some(_) => {
+                    st.pins.remove(&ino);
+                }
+                None => return Ok(()),
+            }
+        }
+        self.free_orphan(ino)
+    }
+
+    /// Free `ino` if it is a file without links and without pins.
+    pub(crate) fn free_orphan(&self, ino: Ino) -> Result<()> {
+        self.op(None, ino, false, |st, cx| {
+            let orphan = st.inodes.get(&ino).is_some_and(|i| i.attr.nlink == 0 && i.dir.is_none());
+            if orphan && !st.pins.contains_key(&ino) {
+                cx.inode(st, ino)?;
+                st.inodes.remove(&ino);
+            }
+            Ok(())
+        })
+    }
+
+    /// Remove a non-directory entry.
+    ///
+    /// # Errors
+    /// `ENOENT`, `EISDIR`, `ENOTDIR`, `EBUSY`.
+    pub fn unlink(&self, txn: Option<&Txn>, parent: Ino, name: &[u8]) -> Result<()> {
+        check_name(name)?;
+        self.op(txn, parent, false, |st, cx| {
+            let d = st.dir(parent)?.entries.get(name).cloned().ok_or(FsError::NotFound)?;
+            if d.kind == FileKind::Dir {
+                return Err(FsError::IsDir.into());
+            }
+            let now = Timespec::now();
+            cx.dentry(st, parent, name)?;
+            cx.dir_attr(st, parent)?;
+            st.dir_mut(parent)?.remove(name);
+            touch_times(&mut st.inode_mut(parent)?.attr, now);
+            if self.mutant == Some(FsMutant::UnlinkSplit) {
+                cx.split = cx.touched.clone();
+            }
+            Self::drop_link(st, cx, d.ino, now)
+        })
+    }
+
+    /// Remove an empty directory.
+    ///
+    /// # Errors
+    /// `ENOENT`, `ENOTDIR`, `ENOTEMPTY`, `EBUSY`.
+    pub fn rmdir(&self, txn: Option<&Txn>, parent: Ino, name: &[u8]) -> Result<()> {
+        check_name(name)?;
+        self.op(txn, parent, false, |st, cx| {
+            let d = st.dir(parent)?.entries.get(name).cloned().ok_or(FsError::NotFound)?;
+            if d.kind != FileKind::Dir {
+                return Err(FsError::NotDir.into());
+            }
+            if !st.dir(d.ino)?.entries.is_empty() {
+                return Err(FsError::NotEmpty.into());
+            }
+            let now = Timespec::now();
+            cx.dentry(st, parent, name)?;
+            cx.dir_attr(st, parent)?;
+            st.dir_mut(parent)?.remove(name);
+            let p = st.inode_mut(parent)?;
+            touch_times(&mut p.attr, now);
+            p.attr.nlink = p.attr.nlink.saturating_sub(1);
+            Self::drop_link(st, cx, d.ino, now)
+        })
+    }
+
+    /// Is `ino` equal to `ancestor` or inside it?
+    fn within(st: &State, mut ino: Ino, ancestor: Ino) -> bool {
+        for _ in 0..=st.inodes.len() {
+            if ino == ancestor {
+                return true;
+            }
+            if ino == ROOT {
+                return false;
+            }
+            match st.inodes.get(&ino).and_then(|i| i.dir.as_ref()) {
+                Some(d) => ino = d.parent,
+                None => return false,
+            }
+        }
+        false
+    }
+
+    /// Rename `name` in `parent` to `new_name` in `new_parent`, atomically (one transaction,
+    /// whichever directories are involved).
+    ///
+    /// # Errors
+    /// `ENOENT`, `EEXIST` (noreplace), `EISDIR`, `ENOTDIR`, `ENOTEMPTY`, `EINVAL` (a
+    /// directory into its own subtree, bad flags), `EBUSY`.
+    pub fn rename(
+        &self,
+        txn: Option<&Txn>,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
+        check_name(name)?;
+        check_name(new_name)?;
+        if flags.noreplace && flags.exchange {
+            return Err(FsError::Invalid("RENAME_NOREPLACE with RENAME_EXCHANGE"));
+        }
+        self.op(txn, parent, false, |st, cx| {
+            let src = st.dir(parent)?.entries.get(name).cloned().ok_or(FsError::NotFound)?;
+            let dst = st.dir(new_parent)?.entries.get(new_name).cloned();
+            if src.kind == FileKind::Dir && Self::within(st, new_parent, src.ino) {
+                return Err(FsError::Invalid("a directory cannot move into its own subtree").into());
+            }
+            if let Some(dst) = &dst {
+                if flags.noreplace {
+                    return Err(FsError::Exists.into());
+                }
+                if flags.exchange && dst.kind == FileKind::Dir && Self::within(st, parent, dst.ino)
+                {
+                    return Err(
+                        FsError::Invalid("a directory cannot move into its own subtree").into()
+                    );
+                }
+                if dst.ino == src.ino && !flags.exchange {
+                    return Ok(()); // two links to one inode: nothing to do
+                }
+                if !flags.exchange {
+                    match (src.kind == FileKind::Dir, dst.kind == FileKind::Dir) {
+                        (true, false) => return Err(FsError::NotDir.into()),
+                        (false, true) => return Err(FsError::IsDir.into()),
+                        (true, true) if !st.dir(dst.ino)?.entries.is_empty() => {
+                            return Err(FsError::NotEmpty.into())
+                        }
+                        _ => {}
+                    }
+                }
+            } else if flags.exchange {
+                return Err(FsError::NotFound.into());
+            }
+            let now = Timespec::now();
+            cx.dentry(st, parent, name)?;
+            cx.dentry(st, new_parent, new_name)?;
+            cx.dir_attr(st, parent)?;
+            cx.dir_attr(st, new_parent)?;
+            cx.inode(st, src.ino)?;
+            if self.mutant == Some(FsMutant::RenameSplit) {
+                cx.split = [Key::Dentry(parent, name.to_vec()), Key::Inode(parent)].into();
+            }
+            let moved_dir =
+                |st: &mut State, cx: &mut Cx, ino: Ino, from: Ino, to: Ino| -> OpResult<()> {
+                    if from != to {
+                        cx.parent(st, ino)?;
+                        st.dir_mut(ino)?.parent = to;
+                        let f = st.inode_mut(from)?;
+                        f.attr.nlink = f.attr.nlink.saturating_sub(1);
+                        st.inode_mut(to)?.attr.nlink += 1;
+                    }
+                    Ok(())
+                };
+            match dst {
+                Some(dst) if flags.exchange => {
+                    cx.inode(st, dst.ino)?;
+                    let c1 = st.dir_mut(new_parent)?.next_cookie;
+                    st.dir_mut(new_parent)?
+                        .insert(new_name.to_vec(), Dentry { cookie: c1, ver: 0, ..src.clone() });
+                    let c2 = st.dir_mut(parent)?.next_cookie;
+                    st.dir_mut(parent)?
+                        .insert(name.to_vec(), Dentry { cookie: c2, ver: 0, ..dst.clone() });
+                    if src.kind == FileKind::Dir {
+                        moved_dir(st, cx, src.ino, parent, new_parent)?;
+                    }
+                    if dst.kind == FileKind::Dir {
+                        moved_dir(st, cx, dst.ino, new_parent, parent)?;
+                    }
+                    st.inode_mut(dst.ino)?.attr.ctime = now;
+                }
+                dst => {
+                    if let Some(dst) = dst {
+                        st.dir_mut(new_parent)?.remove(new_name);
+                        if dst.kind == FileKind::Dir {
+                            let np = st.inode_mut(new_parent)?;
+                            np.attr.nlink = np.attr.nlink.saturating_sub(1);
+                        }
+                        Self::drop_link(st, cx, dst.ino, now)?;
+                    }
+                    st.dir_mut(parent)?.remove(name);
+                    let cookie = st.dir_mut(new_parent)?.next_cookie;
+                    st.dir_mut(new_parent)?
+                        .insert(new_name.to_vec(), Dentry { cookie, ver: 0, ..src.clone() });
+                    if src.kind == FileKind::Dir {
+                        moved_dir(st, cx, src.ino, parent, new_parent)?;
+                    }
+                }
+            }
+            st.inode_mut(src.ino)?.attr.ctime = now;
+            touch_times(&mut st.inode_mut(parent)?.attr, now);
+            touch_times(&mut st.inode_mut(new_parent)?.attr, now);
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,184 @@
+//! Reading: lookups, attributes, file data (checked against its crc), directories, statfs, xattrs.
+
+use std::sync::Arc;
+
+use crate::state::Block;
+use crate::types::*;
+use crate::{FsError, Result};
+
+use super::{lock, Fs, RESERVED_SEGMENTS};
+
+impl Fs {
+    /// The entry `name` of directory `parent`.
+    ///
+    /// # Errors
+    /// `ENOENT`, `ENOTDIR`, `ENAMETOOLONG`.
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        if name.len() > NAME_MAX {
+            return Err(FsError::NameTooLong);
+        }
+        let st = lock(&self.state);
+        let dir = st.dir(parent)?;
+        let ino = match name {
+            b"." => parent,
+            b".." => dir.parent,
+            _ => dir.entries.get(name).ok_or(FsError::NotFound)?.ino,
+        };
+        Ok(st.inode(ino)?.attr)
+    }
+
+    /// An inode's attributes.
+    ///
+    /// # Errors
+    /// `ENOENT`.
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        Ok(lock(&self.state).inode(ino)?.attr)
+    }
+
+    /// Data blocks an inode holds (for `st_blocks`).
+    ///
+    /// # Errors
+    /// `ENOENT`.
+    pub fn allocated_blocks(&self, ino: Ino) -> Result<u64> {
+        Ok(lock(&self.state).inode(ino)?.blocks.len() as u64)
+    }
+
+    /// A symlink's target.
+    ///
+    /// # Errors
+    /// `ENOENT`, `EINVAL` if not a symlink.
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        let st = lock(&self.state);
+        let i = st.inode(ino)?;
+        if i.attr.kind != FileKind::Symlink {
+            return Err(FsError::Invalid("not a symlink"));
+        }
+        Ok(i.target.clone())
+    }
+
+    /// Read up to `len` bytes at `offset` (short at end of file). Every block read from the
+    /// device is checked against the crc in its record: a mismatch is `EIO`, never wrong data.
+    ///
+    /// # Errors
+    /// `ENOENT`, `EISDIR`, `EINVAL` (not a regular file), `EIO`.
+    pub fn read(&self, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
+        // The blocks to read are found under the lock; the device is read without it, so
+        // readers do not hold up other operations. A block is never overwritten while the
+        // records pointing at it are current, except by cleaning reusing its segment after a
+        // relocation: a crc mismatch is therefore first retried under the lock.
+        let bs = u64::from(self.bs);
+        let (offset, end, blocks) = {
+            let st = lock(&self.state);
+            let inode = st.inode(ino)?;
+            match inode.attr.kind {
+                FileKind::File => {}
+                FileKind::Dir => return Err(FsError::IsDir),
+                _ => return Err(FsError::Invalid("not a regular file")),
+            }
+            let size = inode.attr.size;
+            if offset >= size || len == 0 {
+                return Ok(Vec::new());
+            }
+            let end = size.min(offset.saturating_add(len as u64));
+            let (first, last) = (offset / bs, (end - 1) / bs);
+            let blocks: Vec<(u64, Block)> =
+                inode.blocks.range(first..=last).map(|(&b, block)| (b, block.clone())).collect();
+            (offset, end, blocks)
+        };
+        let mut out = vec![0u8; (end - offset) as usize];
+        for (b, block) in blocks {
+            let bytes = match self.block_bytes(ino, b, &block) {
+                Ok(bytes) => bytes,
+                Err(_) => {
+                    let st = lock(&self.state);
+                    match st.inode(ino)?.blocks.get(&b) {
+                        Some(now) => self.block_bytes(ino, b, now)?,
+                        None => continue, // punched or truncated meanwhile: zeros
+                    }
+                }
+            };
+            let (bstart, bend) = (b * bs, (b + 1) * bs);
+            let (from, to) = (offset.max(bstart), end.min(bend));
+            out[(from - offset) as usize..(to - offset) as usize]
+                .copy_from_slice(&bytes[(from - bstart) as usize..(to - bstart) as usize]);
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn block_bytes(&self, ino: Ino, b: u64, block: &Block) -> Result<Arc<Vec<u8>>> {
+        if let Some(d) = &block.data {
+            return Ok(d.clone());
+        }
+        let mut buf = vec![0u8; self.bs as usize];
+        self.log.device().read(block.addr, &mut buf).map_err(|e| FsError::Io(e.to_string()))?;
+        if crc32c::crc32c(&buf) != block.crc {
+            return Err(FsError::Io(format!(
+                "checksum mismatch in block {b} of inode {ino} (device block {})",
+                block.addr
+            )));
+        }
+        Ok(Arc::new(buf))
+    }
+
+    /// Entries of a directory after `offset` (0 to start): `.` (offset 1) and `..` (offset 2)
+    /// first, then the entries in a stable order.
+    ///
+    /// # Errors
+    /// `ENOENT`, `ENOTDIR`.
+    pub fn readdir(&self, ino: Ino, offset: u64) -> Result<Vec<DirEntry>> {
+        let st = lock(&self.state);
+        let dir = st.dir(ino)?;
+        let mut out = Vec::new();
+        if offset < 1 {
+            out.push(DirEntry { name: b".".to_vec(), ino, kind: FileKind::Dir, offset: 1 });
+        }
+        if offset < 2 {
+            out.push(DirEntry {
+                name: b"..".to_vec(),
+                ino: dir.parent,
+                kind: FileKind::Dir,
+                offset: 2,
+            });
+        }
+        for (&cookie, name) in dir.order.range(offset.max(2) + 1..) {
+            if let Some(d) = dir.entries.get(name) {
+                out.push(DirEntry { name: name.clone(), ino: d.ino, kind: d.kind, offset: cookie });
+            }
+        }
+        Ok(out)
+    }
+
+    /// File-system statistics.
+    #[must_use]
+    pub fn statfs(&self) -> StatFs {
+        let st = lock(&self.state);
+        let seg = u64::from(self.segment_blocks);
+        let blocks = self.log.device().geometry().block_count;
+        let free = u64::from(self.log.free_segments().saturating_sub(RESERVED_SEGMENTS)) * seg;
+        StatFs {
+            block_size: self.bs,
+            blocks,
+            blocks_free: free,
+            files: st.files(),
+            files_free: free * u64::from(self.bs / 128),
+            name_max: NAME_MAX as u32,
+        }
+    }
+
+    /// An extended attribute's value.
+    ///
+    /// # Errors
+    /// `ENOENT`, `ENODATA`.
+    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        let st = lock(&self.state);
+        st.inode(ino)?.xattrs.get(name).map(|x| x.value.clone()).ok_or(FsError::NoAttr)
+    }
+
+    /// Names of an inode's extended attributes.
+    ///
+    /// # Errors
+    /// `ENOENT`.
+    pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        Ok(lock(&self.state).inode(ino)?.xattrs.keys().cloned().collect())
+    }
+}

@@ -1,0 +1,183 @@
+//! Durability and order (fsync, sync, barrier) and explicit transactions.
+
+use std::collections::HashMap;
+
+use tally_log::TxId;
+
+use crate::mutant::FsMutant;
+use crate::state::{Key, State};
+use crate::txn::TxnState;
+use crate::types::*;
+use crate::{FsError, Result};
+
+use super::commit::dying_blocks;
+use super::{lock, Fs, Txn};
+
+impl Fs {
+    /// Make `ino`'s committed changes, and everything they depend on, durable. Other files'
+    /// changes are flushed along only if they precede it on its stream.
+    ///
+    /// # Errors
+    /// `ENOENT`, I/O errors (after which the file system is read-only).
+    pub fn fsync(&self, ino: Ino) -> Result<()> {
+        let last = {
+            let st = lock(&self.state);
+            st.inode(ino)?.last_tx
+        };
+        if let Some(t) = last.filter(|_| self.mutant != Some(FsMutant::FsyncNotDurable)) {
+            self.log.wait_durable(t).map_err(|e| self.fail(e))?;
+        }
+        let mut st = lock(&self.state);
+        self.prune_cache(&mut st);
+        Ok(())
+    }
+
+    /// [`Fs::fsync`]: every change of a file is one record set, so data-only sync costs the same.
+    ///
+    /// # Errors
+    /// As [`Fs::fsync`].
+    pub fn fdatasync(&self, ino: Ino) -> Result<()> {
+        self.fsync(ino)
+    }
+
+    /// Make everything committed durable.
+    ///
+    /// # Errors
+    /// I/O errors.
+    pub fn sync(&self) -> Result<()> {
+        self.log.sync().map_err(|e| self.fail(e))?;
+        let mut st = lock(&self.state);
+        self.prune_cache(&mut st);
+        Ok(())
+    }
+
+    /// Order without waiting: every operation after this call, on any file, survives a crash
+    /// only if `ino`'s changes before it survive too. Returns at once.
+    ///
+    /// # Errors
+    /// `ENOENT`.
+    pub fn barrier(&self, ino: Ino) -> Result<()> {
+        let mut st = lock(&self.state);
+        if let Some(t) = st.inode(ino)?.last_tx {
+            if self.log.durable_seq(t.stream) < t.seq {
+                st.barriers.push(t);
+            }
+        }
+        Ok(())
+    }
+
+    /// Begin an explicit transaction: operations given it are applied to the DRAM state at
+    /// once (readers see them) and written to the log only at commit, as one atomic
+    /// transaction.
+    ///
+    /// # Errors
+    /// Read-only after an I/O error.
+    pub fn begin(&self) -> Result<Txn> {
+        let mut st = lock(&self.state);
+        if let Some(e) = &st.failed {
+            return Err(FsError::ReadOnly(e.clone()));
+        }
+        st.txns.next += 1;
+        let id = st.txns.next;
+        st.txns.open.insert(
+            id,
+            TxnState { thread: Some(crate::sync::current_thread()), ..TxnState::default() },
+        );
+        Ok(Txn { id })
+    }
+
+    /// Commit: ordered and atomic; returns before it is durable.
+    ///
+    /// # Errors
+    /// `ENOSPC` when it does not fit (the transaction is then aborted), I/O errors.
+    pub fn commit(&self, txn: Txn) -> Result<()> {
+        self.end(txn).map(|_| ())
+    }
+
+    /// Commit and wait until the transaction (and what it depends on) is durable.
+    ///
+    /// # Errors
+    /// As [`Fs::commit`].
+    pub fn commit_durable(&self, txn: Txn) -> Result<()> {
+        if let Some(t) = self.end(txn)? {
+            self.log.wait_durable(t).map_err(|e| self.fail(e))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn end(&self, txn: Txn) -> Result<Option<TxId>> {
+        let mut st = lock(&self.state);
+        let Some(t) = st.txns.open.remove(&txn.id) else { return Err(FsError::NoTxn) };
+        let stream = t.stream.unwrap_or(0);
+        // Storage versions of shared directory attributes, with this transaction's deltas.
+        let mut overrides = HashMap::new();
+        for (&dir, diff) in &t.dir_diffs {
+            if st.txns.locks.get(&Key::Inode(dir)) == Some(&txn.id) {
+                // Locked whole (no other transaction can hold a delta on it): its memory
+                // version is what to write, and becomes its storage version.
+                if let Some(i) = st.inodes.get(&dir) {
+                    overrides.insert(dir, i.attr);
+                }
+                continue;
+            }
+            if let Some(stored) = st.inodes.get(&dir).and_then(|i| i.stored) {
+                let mut s = stored;
+                diff.apply(&mut s);
+                overrides.insert(dir, s);
+            }
+        }
+        let ver = st.next_ver();
+        let deps = self.deps_of(&mut st, &t.touched, &t.undo, stream);
+        let result = self.persist(&mut st, &t.touched, &overrides, ver, stream, &deps);
+        match &result {
+            Ok(_) => {
+                let dying = dying_blocks(&st, &t.touched, &t.undo);
+                st.dead_blocks += dying;
+                for (&dir, s) in &overrides {
+                    if let Some(i) = st.inodes.get_mut(&dir) {
+                        i.stored = Some(*s);
+                    }
+                }
+                for &dir in t.dir_diffs.keys() {
+                    let State { txns, inodes, .. } = &mut *st;
+                    if let Some(i) = inodes.get_mut(&dir) {
+                        txns.recompute_dir(i, dir);
+                    }
+                }
+            }
+            Err(_) => Self::undo_txn(&mut st, t.undo, t.dir_diffs.keys().copied().collect()),
+        }
+        st.txns.locks.retain(|_, owner| *owner != txn.id);
+        drop(st);
+        self.cv.notify_all();
+        result
+    }
+
+    pub(crate) fn undo_txn(st: &mut State, undo: Vec<crate::txn::Undo>, dirs: Vec<Ino>) {
+        let mut undo = undo;
+        while let Some(u) = undo.pop() {
+            u.apply(st);
+        }
+        for dir in dirs {
+            let State { txns, inodes, .. } = &mut *st;
+            if let Some(i) = inodes.get_mut(&dir) {
+                txns.recompute_dir(i, dir);
+            }
+        }
+    }
+
+    /// Abort: the DRAM state returns exactly to what it would be had the transaction never
+    /// run (other operations that ran meanwhile stay); nothing is written.
+    ///
+    /// # Errors
+    /// `EINVAL` for an unknown transaction.
+    pub fn abort(&self, txn: Txn) -> Result<()> {
+        let mut st = lock(&self.state);
+        let Some(t) = st.txns.open.remove(&txn.id) else { return Err(FsError::NoTxn) };
+        Self::undo_txn(&mut st, t.undo, t.dir_diffs.keys().copied().collect());
+        st.txns.locks.retain(|_, owner| *owner != txn.id);
+        drop(st);
+        self.cv.notify_all();
+        Ok(())
+    }
+}
