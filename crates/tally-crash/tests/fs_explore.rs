@@ -1,13 +1,10 @@
 //! The file-system crash explorer (`docs/FS-CRASH-TESTING.md`) on the correct file system and
 //! on every mutant. Each test prints its counts (`--nocapture` to see them).
 
-use tally_crash::fsexplore::{
-    longer, seq1, seq2, seq2_sample, FsExploreConfig, FsExplorer, FsReport, FsWorkload,
-};
+use tally_crash::fsexplore::{workload_set, FsExploreConfig, FsExplorer, FsReport};
 
-/// Seq-2 workloads drawn (of about 69,000) and the seed drawing them.
-const SEQ2_COUNT: usize = 2000;
-const SEQ2_SEED: u64 = 7;
+/// Seq-2 workloads drawn by the seed (of about 69,000).
+const SEQ2_COUNT: usize = 1500;
 
 fn show(name: &str, r: &FsReport) {
     println!(
@@ -37,36 +34,29 @@ fn show(name: &str, r: &FsReport) {
     }
 }
 
-/// Which sets to run.
-enum Set {
-    Seq1,
-    Seq2(usize),
-    Longer,
-}
-
-fn explore(cfg: FsExploreConfig, sets: &[Set], name: &str) -> FsReport {
+fn explore(cfg: FsExploreConfig, sets: &[String], name: &str) -> FsReport {
     let streams = cfg.streams;
     let bs = u64::from(cfg.block_size);
     let seed = cfg.seed;
     let mut ex = FsExplorer::new(cfg);
     let start = ex.start().expect("start image");
     for set in sets {
-        let (label, workloads): (&str, Vec<FsWorkload>) = match set {
-            Set::Seq1 => ("seq-1", seq1(&start.state, streams, bs)),
-            Set::Seq2(n) => ("seq-2", seq2_sample(&start.state, streams, bs, *n, SEQ2_SEED ^ seed)),
-            Set::Longer => ("longer", longer()),
-        };
-        ex.run_all(label, &workloads);
+        let workloads = workload_set(set, &start.state, streams, bs, seed).expect("workload set");
+        ex.run_all(set, &workloads);
     }
     let r = ex.report();
     show(name, &r);
     r
 }
 
+fn seq2() -> String {
+    format!("seq-2:{SEQ2_COUNT}")
+}
+
 /// Every seq-1 workload: each catalogue operation × each persistence call, two streams.
 #[test]
 fn seq1_exhaustive() {
-    let r = explore(FsExploreConfig::default(), &[Set::Seq1], "seq-1, 2 streams");
+    let r = explore(FsExploreConfig::default(), &["seq-1".into()], "seq-1, 2 streams");
     assert_eq!(r.violations, 0, "{:#?}", r.first_violation);
     assert!(r.workloads > 200, "the catalogue shrank: {}", r.workloads);
     assert!(r.states_checked > 1000);
@@ -75,8 +65,7 @@ fn seq1_exhaustive() {
 /// Seq-2 workloads drawn by seed, two streams.
 #[test]
 fn seq2_sampled() {
-    let cfg = FsExploreConfig { seed: 1, ..FsExploreConfig::default() };
-    let r = explore(cfg, &[Set::Seq2(SEQ2_COUNT)], "seq-2 sample, 2 streams");
+    let r = explore(FsExploreConfig::default(), &[seq2()], "seq-2 sample, 2 streams");
     assert_eq!(r.violations, 0, "{:#?}", r.first_violation);
     assert_eq!(r.workloads, SEQ2_COUNT as u64);
 }
@@ -85,7 +74,11 @@ fn seq2_sampled() {
 #[test]
 fn one_stream_recovers_a_prefix() {
     let cfg = FsExploreConfig { streams: 1, ..FsExploreConfig::default() };
-    let r = explore(cfg, &[Set::Seq1, Set::Seq2(SEQ2_COUNT / 4)], "seq-1 + seq-2 sample, 1 stream");
+    let r = explore(
+        cfg,
+        &["seq-1".into(), format!("seq-2:{}", SEQ2_COUNT / 4)],
+        "seq-1 + seq-2 sample, 1 stream",
+    );
     assert_eq!(r.violations, 0, "{:#?}", r.first_violation);
 }
 
@@ -93,7 +86,7 @@ fn one_stream_recovers_a_prefix() {
 /// system.
 #[test]
 fn longer_workloads() {
-    let r = explore(FsExploreConfig::default(), &[Set::Longer], "longer, 2 streams");
+    let r = explore(FsExploreConfig::default(), &["longer".into()], "longer, 2 streams");
     assert_eq!(r.violations, 0, "{:#?}", r.first_violation);
 }
 
@@ -101,13 +94,7 @@ fn longer_workloads() {
 #[test]
 #[ignore = "slow: the full seq-2 set"]
 fn seq2_all() {
-    let cfg = FsExploreConfig::default();
-    let mut ex = FsExplorer::new(cfg);
-    let start = ex.start().expect("start image");
-    let workloads = seq2(&start.state, 2, 1024);
-    ex.run_all("seq-2-all", &workloads);
-    let r = ex.report();
-    show("seq-2 all, 2 streams", &r);
+    let r = explore(FsExploreConfig::default(), &["seq-2".into()], "seq-2 all, 2 streams");
     assert_eq!(r.violations, 0, "{:#?}", r.first_violation);
 }
 
@@ -120,14 +107,14 @@ fn every_fs_mutant_is_caught() {
     let mut missed = Vec::new();
     for m in FsMutant::ALL {
         let cfg = FsExploreConfig { mutant: Some(m), ..FsExploreConfig::default() };
-        let mut r = explore(cfg, &[Set::Seq1], m.name());
+        let mut r = explore(cfg, &["seq-1".into()], m.name());
         if r.violations == 0 {
             let cfg = FsExploreConfig {
                 mutant: Some(m),
                 stop_at_first: true,
                 ..FsExploreConfig::default()
             };
-            r = explore(cfg, &[Set::Seq2(SEQ2_COUNT / 4), Set::Longer], m.name());
+            r = explore(cfg, &[format!("seq-2:{}", SEQ2_COUNT / 4), "longer".into()], m.name());
         }
         match &r.first_violation {
             Some(v) => println!(

@@ -1,4 +1,5 @@
-//! `tally crash log`: explore the crash states of the log and check its invariants.
+//! `tally crash log`: explore the crash states of the log and check its invariants
+//! (`tally crash fs`: `crash_fs.rs`).
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -21,6 +22,13 @@ pub enum Command {
     /// m = commit with 3 units and 2 data blocks, d = commit on stream 1 depending on stream 0's
     /// last, l = classic commit on stream 1, s = sync, k = checkpoint stream 0, c = crash.
     Log(LogArgs),
+    /// The file system: B3/ACE-style seq-1 and seq-2 workloads (create, mkdir, write,
+    /// truncate, link, unlink, rename, rmdir, chmod, xattrs, explicit transactions, cleaning,
+    /// each followed by fsync, fdatasync, a directory's fsync, barrier, sync or nothing) from a
+    /// small durable tree. At every persistence point every image a power failure could leave is
+    /// mounted and checked against a model: atomicity (I1), causal order (I2), durability (I3),
+    /// mount and fsck (I4), forward progress (I5), idempotent recovery (I6).
+    Fs(crate::crash_fs::FsArgs),
 }
 
 /// Options of `tally crash log`.
@@ -87,7 +95,10 @@ fn parse_mutant(s: &str) -> Result<Mutant, String> {
 
 /// Run the exploration.
 pub fn run(cmd: &Command) -> ExitCode {
-    let Command::Log(args) = cmd;
+    let args = match cmd {
+        Command::Log(args) => args,
+        Command::Fs(args) => return crate::crash_fs::run(args),
+    };
     if args.list_mutants {
         for m in Mutant::ALL {
             let note = if m.needs_concurrency() {

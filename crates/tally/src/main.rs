@@ -3,6 +3,7 @@
 
 mod bench;
 mod crash;
+mod crash_fs;
 mod probe;
 
 use std::error::Error;

@@ -27,11 +27,13 @@ mod model;
 mod run;
 mod workload;
 
+pub use tally_fs::{mutants_available, FsMutant};
+
 pub use model::{
     Candidates, FsInvariant, FsViolation, History, MIno, MNode, MOp, MState, Tree, TreeNode, MROOT,
 };
 pub use run::{walk, FsExploreConfig, FsExplorer, FsFirstViolation, FsReport, FsStart};
 pub use workload::{
-    catalogue, longer, persists, resolve, seq1, seq2, seq2_sample, FsOp, FsWorkload, Persist, Step,
-    TruncKind, TxnEnd, WriteKind,
+    catalogue, longer, persists, resolve, seq1, seq2, seq2_sample, workload_set, FsOp, FsWorkload,
+    Persist, Step, TruncKind, TxnEnd, WriteKind,
 };

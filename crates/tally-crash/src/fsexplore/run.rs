@@ -18,7 +18,7 @@ use super::model::{
 use super::workload::{
     pattern, resolve, step_tag, FsOp, FsWorkload, Persist, TxnEnd, WriteKind, START_XATTR,
 };
-use crate::{CrashConfig, CrashDevice, CrashOptions, CrashPoint};
+use crate::{CrashConfig, CrashDevice, CrashOptions, CrashPoint, FaultPlan};
 
 /// What to explore, and how hard.
 #[derive(Debug, Clone)]
@@ -39,7 +39,7 @@ pub struct FsExploreConfig {
     /// Also crash between the device operations inside each operation (after every submit,
     /// wait and flush it makes).
     pub crash_inside_ops: bool,
-    /// Crash images of the device right after recovery that are mounted again (I6).
+    /// Crash images of the device right after recovery, and inside it, mounted again (I6).
     pub idempotence_images_max: usize,
     /// A deliberately broken variant of the file system.
     pub mutant: Option<FsMutant>,
@@ -86,6 +86,8 @@ pub struct FsFirstViolation {
     pub message: String,
     /// Crash states checked before it, in the whole run.
     pub states_before: u64,
+    /// The command that replays it.
+    pub replay: String,
 }
 
 /// Totals of an exploration, as `tally crash fs --json` prints them.
@@ -530,14 +532,27 @@ impl FsExplorer {
                 })
             }
         }
-        // I6: a crash right after the first recovery; every image it may leave mounts to the
-        // same tree.
+        // I6: a crash right after the first recovery, and a crash inside it (its first flush
+        // fails, so what it wrote before may or may not be there): every image either leaves
+        // mounts to the same tree.
         let options = CrashOptions {
             tearing: false,
             samples: self.cfg.idempotence_images_max,
             ..CrashOptions::default()
         };
-        for again in dev.crash_images(options).take(self.cfg.idempotence_images_max) {
+        let inside = Arc::new(CrashDevice::from_image(
+            image.clone(),
+            CrashConfig {
+                faults: FaultPlan { flush_eio_nth: Some(1), ..FaultPlan::none() },
+                ..CrashConfig::with_seed(self.cfg.seed)
+            },
+        ));
+        let opts = self.mount_options();
+        let _ = catch_unwind(AssertUnwindSafe(|| Fs::mount(inside.clone(), opts)));
+        let after = dev.crash_images(options.clone()).take(self.cfg.idempotence_images_max);
+        let during = inside.crash_images(options).take(self.cfg.idempotence_images_max);
+        for (again, when) in after.map(|i| (i, "right after")).chain(during.map(|i| (i, "inside")))
+        {
             self.report.recovery_crash_states += 1;
             let fs2 =
                 self.mount(Arc::new(MemDevice::from_image(again)), FsInvariant::I6Idempotence)?;
@@ -546,7 +561,7 @@ impl FsExplorer {
                 return Err(FsViolation {
                     invariant: FsInvariant::I6Idempotence,
                     message: format!(
-                        "mounting again after a crash right after recovery: {}",
+                        "mounting again after a crash {when} recovery: {}",
                         tree2.diff(&tree)
                     ),
                 });
@@ -622,6 +637,14 @@ impl FsExplorer {
                 invariant: v.invariant,
                 message: v.message,
                 states_before: self.report.states_checked,
+                replay: format!(
+                    "tally crash fs --set {} --index {} --seed {} --streams {}{}",
+                    at.set,
+                    at.index,
+                    self.cfg.seed,
+                    self.cfg.streams,
+                    self.cfg.mutant.map_or(String::new(), |m| format!(" --mutant {}", m.name()))
+                ),
             });
         }
     }

@@ -499,3 +499,26 @@ pub fn longer() -> Vec<FsWorkload> {
     }
     out
 }
+
+/// The workloads of a named set: `seq-1`, `seq-2` (every one), `seq-2:N` (`N` drawn by `seed`),
+/// `longer`. A reported violation names its set and index, so the set replays it.
+///
+/// # Errors
+/// An unknown set name.
+pub fn workload_set(
+    name: &str,
+    base: &MState,
+    streams: u16,
+    bs: u64,
+    seed: u64,
+) -> Result<Vec<FsWorkload>, String> {
+    match name {
+        "seq-1" => Ok(seq1(base, streams, bs)),
+        "seq-2" => Ok(seq2(base, streams, bs)),
+        "longer" => Ok(longer()),
+        _ => match name.strip_prefix("seq-2:").map(str::parse::<usize>) {
+            Some(Ok(n)) => Ok(seq2_sample(base, streams, bs, n, seed)),
+            _ => Err(format!("unknown workload set {name:?}: seq-1, seq-2, seq-2:N or longer")),
+        },
+    }
+}
