@@ -4,6 +4,8 @@
 mod bench;
 mod crash;
 mod crash_fs;
+mod mkfs;
+mod mount;
 mod probe;
 
 use std::error::Error;
@@ -56,11 +58,21 @@ enum Command {
     /// Run a benchmark (not part of the test suite).
     #[command(subcommand)]
     Bench(bench::Command),
+    /// Make an empty Tally file system on a file (created sparse) or a block device.
+    Mkfs(mkfs::Args),
+    /// Serve a Tally image on a directory through FUSE (a daemon unless --foreground).
+    Mount(mount::MountArgs),
+    /// Unmount a Tally mount and wait until its daemon has written its snapshot.
+    Umount(mount::UmountArgs),
 }
 
 fn main() -> ExitCode {
     // clap exits with code 2 on a usage error, matching EXIT_BAD_INPUT.
     let cli = Cli::parse();
+    // The mount daemon forks before any thread starts and sets up its own logging.
+    if let Command::Mount(args) = &cli.command {
+        return mount::run_mount(args);
+    }
     // Crash exploration injects I/O errors on purpose; the log's reports of them are noise there.
     let default_filter =
         if matches!(cli.command, Command::Crash(_)) { "warn,tally_log=off" } else { "warn" };
@@ -76,5 +88,8 @@ fn main() -> ExitCode {
         Command::Probe(args) => probe::run(&args),
         Command::Crash(cmd) => crash::run(&cmd),
         Command::Bench(cmd) => bench::run(&cmd),
+        Command::Mkfs(args) => mkfs::run(&args),
+        Command::Mount(args) => mount::run_mount(&args),
+        Command::Umount(args) => mount::run_umount(&args),
     }
 }

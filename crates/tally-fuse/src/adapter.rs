@@ -1,0 +1,629 @@
+//! The FUSE request handlers: each maps one kernel request to one `tally-fs` call.
+//!
+//! Invariants:
+//! - the adapter keeps no file-system state of its own: no inode table, no lookup counts, no
+//!   buffered data. Inode numbers are the file system's; a file handle is always 0, and an open
+//!   handle is a pin ([`Fs::open`]) released by `release`/`releasedir`;
+//! - every failure reaches the kernel through [`errno`], the one mapping;
+//! - no request can panic the daemon: each call into the file system runs under
+//!   `catch_unwind`; a panic (a bug) answers `EIO` and stops the adapter (fail-stop: every later
+//!   request gets `EIO`, and unmount writes no snapshot, so the next mount replays the log);
+//! - permission checks are the kernel's (`default_permissions` is always on); the adapter passes
+//!   the caller's uid and gid as the owner of what it creates.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
+};
+use tally_fs::{Attr, FallocFlags, Fs, FsError, Maintenance, Owner, SetAttr, XattrSet};
+
+use crate::attr::{file_attr, file_type, mknod_kind, perm, set_time, timespec};
+use crate::errno::{errno, Failure};
+
+/// How the last unmount of the file system went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Unmounted {
+    /// Everything durable and the snapshot written: the next mount reads it.
+    Clean,
+    /// Made durable where possible but no snapshot written (the adapter stopped after a panic,
+    /// or a reference to the file system was still held); the next mount replays the log.
+    WithoutSnapshot(String),
+    /// The file system's unmount failed (I/O error, read-only after an earlier error).
+    Failed(String),
+}
+
+/// Where the outcome of `destroy` is left for whoever runs the session.
+pub(crate) type OutcomeSlot = Arc<Mutex<Option<Unmounted>>>;
+
+/// `FALLOC_FL_KEEP_SIZE`, `FALLOC_FL_PUNCH_HOLE`: the only fallocate modes the file system has.
+const FALLOC_KEEP_SIZE: i32 = 0x01;
+const FALLOC_PUNCH_HOLE: i32 = 0x02;
+
+/// The file system as the kernel sees it.
+pub struct TallyFuse {
+    /// `None` once `destroy` has unmounted it.
+    fs: Option<Arc<Fs>>,
+    /// Background durability and cleaning while mounted; stopped before unmount.
+    maintenance: Option<Maintenance>,
+    /// How long the kernel may cache attributes and entries.
+    ttl: Duration,
+    /// Set after a panic inside the file system: every later request fails with `EIO`.
+    stopped: AtomicBool,
+    outcome: OutcomeSlot,
+}
+
+impl TallyFuse {
+    /// Serve `fs`, running its maintenance every `maintenance_interval`.
+    pub(crate) fn new(
+        fs: Fs,
+        ttl: Duration,
+        maintenance_interval: Duration,
+        outcome: OutcomeSlot,
+    ) -> TallyFuse {
+        let fs = Arc::new(fs);
+        let maintenance = Some(Maintenance::spawn(&fs, maintenance_interval));
+        TallyFuse { fs: Some(fs), maintenance, ttl, stopped: AtomicBool::new(false), outcome }
+    }
+
+    /// Run `f` on the file system, catching a panic (fail-stop) and mapping a failure to its
+    /// errno.
+    fn call<T>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&Fs) -> Result<T, Failure>,
+    ) -> Result<T, Errno> {
+        let fs = match &self.fs {
+            Some(fs) if !self.stopped.load(Ordering::Acquire) => fs,
+            _ => return Err(errno(&Failure::Stopped)),
+        };
+        match catch_unwind(AssertUnwindSafe(|| f(fs))) {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(failure)) => {
+                match &failure {
+                    Failure::Fs(
+                        e @ (FsError::Io(_) | FsError::ReadOnly(_) | FsError::Corrupted(_)),
+                    ) => tracing::error!(op, "{e}"),
+                    Failure::Fs(e) => tracing::debug!(op, "{e}"),
+                    Failure::Unsupported(what) => tracing::debug!(op, "not supported: {what}"),
+                    Failure::Stopped => {}
+                }
+                Err(errno(&failure))
+            }
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                self.stopped.store(true, Ordering::Release);
+                tracing::error!(
+                    op,
+                    "the file system panicked ({what}); every later request fails with EIO \
+                     until remount, and unmount writes no snapshot"
+                );
+                Err(errno(&Failure::Stopped))
+            }
+        }
+    }
+
+    /// The kernel's attributes of `a`, with its allocated blocks.
+    fn attr_of(fs: &Fs, a: &Attr) -> FileAttr {
+        // Only ENOENT can fail here, when the inode went away since `a` was read: it holds
+        // nothing then.
+        let allocated = fs.allocated_blocks(a.ino).unwrap_or(0);
+        file_attr(a, allocated, fs.block_size())
+    }
+
+    fn reply_entry(&self, reply: ReplyEntry, result: Result<FileAttr, Errno>) {
+        match result {
+            Ok(attr) => reply.entry(&self.ttl, &attr, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn reply_empty(reply: ReplyEmpty, result: Result<(), Errno>) {
+        match result {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// Unmount the file system: stop maintenance, then write the snapshot.
+    fn unmount(&mut self) -> Unmounted {
+        drop(self.maintenance.take());
+        let Some(fs) = self.fs.take() else {
+            return Unmounted::WithoutSnapshot("already unmounted".into());
+        };
+        let stopped = self.stopped.load(Ordering::Acquire);
+        match Arc::try_unwrap(fs) {
+            Ok(fs) if !stopped => match fs.unmount() {
+                Ok(()) => Unmounted::Clean,
+                Err(e) => Unmounted::Failed(e.to_string()),
+            },
+            Ok(fs) => {
+                let reason = "the adapter stopped after a panic".to_owned();
+                match catch_unwind(AssertUnwindSafe(|| fs.sync())) {
+                    Ok(Ok(())) => Unmounted::WithoutSnapshot(reason),
+                    Ok(Err(e)) => Unmounted::Failed(format!("{reason}; sync: {e}")),
+                    Err(_) => Unmounted::Failed(format!("{reason}; sync panicked")),
+                }
+            }
+            Err(fs) => match fs.sync() {
+                Ok(()) => Unmounted::WithoutSnapshot("the file system was still referenced".into()),
+                Err(e) => Unmounted::Failed(e.to_string()),
+            },
+        }
+    }
+}
+
+/// The caller, as the owner of what it creates.
+fn owner(req: &Request) -> Owner {
+    Owner { uid: req.uid(), gid: req.gid() }
+}
+
+fn name(n: &OsStr) -> &[u8] {
+    n.as_bytes()
+}
+
+impl Filesystem for TallyFuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Lookups and creates in one directory may run in parallel: the file system orders
+        // them itself. Older kernels without it are served all the same.
+        if config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS).is_err() {
+            tracing::info!("kernel without FUSE_PARALLEL_DIROPS: directory operations serialised");
+        }
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        let outcome = self.unmount();
+        match &outcome {
+            Unmounted::Clean => tracing::info!("unmounted cleanly, snapshot written"),
+            Unmounted::WithoutSnapshot(why) => tracing::warn!("unmounted without snapshot: {why}"),
+            Unmounted::Failed(why) => tracing::error!("unmount failed: {why}"),
+        }
+        *self.outcome.lock().unwrap_or_else(PoisonError::into_inner) = Some(outcome);
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+        let r = self.call("lookup", |fs| Ok(Self::attr_of(fs, &fs.lookup(parent.0, name(n))?)));
+        self.reply_entry(reply, r);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.call("getattr", |fs| Ok(Self::attr_of(fs, &fs.getattr(ino.0)?))) {
+            Ok(attr) => reply.attr(&self.ttl, &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            perm: mode.map(perm),
+            uid,
+            gid,
+            size,
+            atime: atime.map(set_time),
+            mtime: mtime.map(set_time),
+            ctime: ctime.map(timespec),
+        };
+        match self.call("setattr", |fs| Ok(Self::attr_of(fs, &fs.setattr(None, ino.0, &set)?))) {
+            Ok(attr) => reply.attr(&self.ttl, &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.call("readlink", |fs| Ok(fs.readlink(ino.0)?)) {
+            Ok(target) => reply.data(&target),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self.call("mknod", |fs| {
+            let kind = mknod_kind(mode)
+                .ok_or(FsError::Invalid("mknod makes files, fifos, sockets and device nodes"))?;
+            let a =
+                fs.mknod(None, parent.0, name(n), kind, perm(mode), u64::from(rdev), owner(req))?;
+            Ok(Self::attr_of(fs, &a))
+        });
+        self.reply_entry(reply, r);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self.call("mkdir", |fs| {
+            Ok(Self::attr_of(fs, &fs.mkdir(None, parent.0, name(n), perm(mode), owner(req))?))
+        });
+        self.reply_entry(reply, r);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        Self::reply_empty(reply, self.call("unlink", |fs| Ok(fs.unlink(None, parent.0, name(n))?)));
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        Self::reply_empty(reply, self.call("rmdir", |fs| Ok(fs.rmdir(None, parent.0, name(n))?)));
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let r = self.call("symlink", |fs| {
+            let target = target.as_os_str().as_bytes();
+            Ok(Self::attr_of(fs, &fs.symlink(None, parent.0, name(link_name), target, owner(req))?))
+        });
+        self.reply_entry(reply, r);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.call("rename", |fs| {
+            let known = RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE;
+            if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+                return Err(Failure::Unsupported("RENAME_WHITEOUT"));
+            }
+            if !known.contains(flags) {
+                return Err(FsError::Invalid("unknown rename flags").into());
+            }
+            let how = tally_fs::RenameFlags {
+                noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
+                exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+            };
+            Ok(fs.rename(None, parent.0, name(n), newparent.0, name(newname), how)?)
+        });
+        Self::reply_empty(reply, r);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let r = self.call("link", |fs| {
+            Ok(Self::attr_of(fs, &fs.link(None, ino.0, newparent.0, name(newname))?))
+        });
+        self.reply_entry(reply, r);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.call("open", |fs| Ok(fs.open(ino.0)?)) {
+            Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let len = usize::try_from(size).unwrap_or(usize::MAX);
+        match self.call("read", |fs| Ok(fs.read(ino.0, offset, len)?)) {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.call("write", |fs| Ok(fs.write(None, ino.0, offset, data)?)) {
+            // A write is at most the kernel's max_write (far below 4 GiB).
+            Ok(n) => reply.written(u32::try_from(n).unwrap_or(u32::MAX)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Nothing is buffered here: every write is already a committed transaction. close()
+        // does not make data durable on Tally, as on ext4; fsync does.
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        Self::reply_empty(reply, self.call("release", |fs| Ok(fs.release(ino.0)?)));
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.call("fsync", |fs| {
+            if datasync { fs.fdatasync(ino.0) } else { fs.fsync(ino.0) }.map_err(Into::into)
+        });
+        Self::reply_empty(reply, r);
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.call("opendir", |fs| Ok(fs.open(ino.0)?)) {
+            Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        // The library's offsets are the cookies: 1 is ".", 2 is "..", entries from 3 on, stable
+        // across other entries coming and going.
+        match self.call("readdir", |fs| Ok(fs.readdir(ino.0, offset)?)) {
+            Ok(entries) => {
+                for e in entries {
+                    let full = reply.add(
+                        INodeNo(e.ino),
+                        e.offset,
+                        file_type(e.kind),
+                        OsStr::from_bytes(&e.name),
+                    );
+                    if full {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        Self::reply_empty(reply, self.call("releasedir", |fs| Ok(fs.release(ino.0)?)));
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        Self::reply_empty(reply, self.call("fsyncdir", |fs| Ok(fs.fsync(ino.0)?)));
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.call("statfs", |fs| Ok(fs.statfs())) {
+            Ok(s) => {
+                let files = s.files.saturating_add(s.files_free);
+                reply.statfs(
+                    s.blocks,
+                    s.blocks_free,
+                    s.blocks_free,
+                    files,
+                    s.files_free,
+                    s.block_size,
+                    s.name_max,
+                    s.block_size,
+                );
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        n: &OsStr,
+        value: &[u8],
+        flags: i32,
+        position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.call("setxattr", |fs| {
+            if position != 0 {
+                return Err(FsError::Invalid("xattr position (macOS resource forks)").into());
+            }
+            let how = match flags {
+                0 => XattrSet::Any,
+                libc::XATTR_CREATE => XattrSet::Create,
+                libc::XATTR_REPLACE => XattrSet::Replace,
+                _ => return Err(FsError::Invalid("setxattr flags").into()),
+            };
+            Ok(fs.setxattr(None, ino.0, name(n), value, how)?)
+        });
+        Self::reply_empty(reply, r);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.call("getxattr", |fs| Ok(fs.getxattr(ino.0, name(n))?)) {
+            Ok(value) => reply_sized(reply, size, &value),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.call("listxattr", |fs| Ok(fs.listxattr(ino.0)?)) {
+            Ok(names) => {
+                let mut list = Vec::new();
+                for n in names {
+                    list.extend_from_slice(&n);
+                    list.push(0);
+                }
+                reply_sized(reply, size, &list);
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        let r = self.call("removexattr", |fs| Ok(fs.removexattr(None, ino.0, name(n))?));
+        Self::reply_empty(reply, r);
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        // Only sent without default_permissions, which the adapter always sets: the kernel
+        // checks permissions. Existence is all there is to check.
+        Self::reply_empty(
+            reply,
+            self.call("access", |fs| fs.getattr(ino.0).map(|_| ()).map_err(Into::into)),
+        );
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let r = self.call("create", |fs| {
+            let a = fs.create(None, parent.0, name(n), perm(mode), owner(req))?;
+            fs.open(a.ino)?;
+            Ok(Self::attr_of(fs, &a))
+        });
+        match r {
+            Ok(attr) => {
+                reply.created(&self.ttl, &attr, Generation(0), FileHandle(0), FopenFlags::empty())
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.call("fallocate", |fs| {
+            if mode & !(FALLOC_KEEP_SIZE | FALLOC_PUNCH_HOLE) != 0 {
+                return Err(Failure::Unsupported("fallocate mode"));
+            }
+            let flags = FallocFlags {
+                keep_size: mode & FALLOC_KEEP_SIZE != 0,
+                punch_hole: mode & FALLOC_PUNCH_HOLE != 0,
+            };
+            Ok(fs.fallocate(None, ino.0, offset, length, flags)?)
+        });
+        Self::reply_empty(reply, r);
+    }
+}
+
+/// Answer a `getxattr`/`listxattr`: with `size` 0 the caller asks how big the value is; a
+/// buffer too small for it is `ERANGE`.
+fn reply_sized(reply: ReplyXattr, size: u32, value: &[u8]) {
+    let len = u32::try_from(value.len()).unwrap_or(u32::MAX);
+    if size == 0 {
+        reply.size(len);
+    } else if len > size {
+        reply.error(errno(&Failure::Fs(FsError::Range)));
+    } else {
+        reply.data(value);
+    }
+}

@@ -1,0 +1,255 @@
+//! Mounting: options, the fuser session, signals, and unmounting a directory.
+//!
+//! Lifecycle: [`block_termination_signals`] (before any thread starts), mount the file system,
+//! [`mount`] it on a directory, then [`Mounted::run`] serves requests on several threads until
+//! the kernel ends the connection — after `tally umount`, `umount`, `fusermount3 -u`, or
+//! SIGTERM/SIGINT/SIGHUP when [`Mounted::unmount_on_signals`] was called. The file system is
+//! then unmounted (snapshot written) before `run` returns.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use fuser::{Config, MountOption, SessionACL};
+use tally_fs::Fs;
+
+use crate::adapter::{OutcomeSlot, TallyFuse, Unmounted};
+
+/// How to mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountConfig {
+    /// Let other users than the one mounting use the mount (`allow_other`).
+    pub allow_other: bool,
+    /// Threads reading requests from the kernel.
+    pub threads: usize,
+    /// How long the kernel may cache attributes and directory entries. Short, because the
+    /// file system can change under the cache only through the mount itself, but `tally
+    /// atomic`'s aborts (issue #5, later) roll changes back behind the kernel's back.
+    pub ttl: Duration,
+    /// How often the maintenance thread makes changes durable and cleans.
+    pub maintenance_interval: Duration,
+    /// Source shown in `/proc/mounts` (the image path).
+    pub fsname: String,
+    /// Other kernel mount options (`noatime`, `nodev`, …), as [`parse_options`] accepted them.
+    pub options: Vec<String>,
+}
+
+impl Default for MountConfig {
+    fn default() -> Self {
+        MountConfig {
+            allow_other: false,
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)),
+            ttl: Duration::from_secs(1),
+            maintenance_interval: Duration::from_secs(5),
+            fsname: "tally".into(),
+            options: Vec::new(),
+        }
+    }
+}
+
+/// Kernel mount flags passed through unchanged.
+const PASSED_THROUGH: &[&str] = &[
+    "dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "sync", "async",
+    "dirsync", "rw",
+];
+
+/// Apply a comma-separated `-o` list to `cfg`. `default_permissions` is accepted and always
+/// on (the adapter checks no permissions itself); `allow_other` opens the mount to every user;
+/// `allow_root` is taken as `allow_other` (root passes the kernel's checks anyway).
+///
+/// # Errors
+/// An unknown or unsupported option, named.
+pub fn parse_options(list: &str, cfg: &mut MountConfig) -> Result<(), String> {
+    for opt in list.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+        match opt {
+            "default_permissions" => {}
+            "allow_other" | "allow_root" => cfg.allow_other = true,
+            "ro" => return Err("read-only mounts are not supported yet".into()),
+            o if PASSED_THROUGH.contains(&o) => cfg.options.push(o.to_owned()),
+            o => {
+                return Err(format!(
+                    "unknown mount option {o:?} (known: default_permissions, allow_other, {})",
+                    PASSED_THROUGH.join(", ")
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn mount_option(o: &str) -> MountOption {
+    match o {
+        "dev" => MountOption::Dev,
+        "nodev" => MountOption::NoDev,
+        "suid" => MountOption::Suid,
+        "nosuid" => MountOption::NoSuid,
+        "exec" => MountOption::Exec,
+        "noexec" => MountOption::NoExec,
+        "atime" => MountOption::Atime,
+        "noatime" => MountOption::NoAtime,
+        "sync" => MountOption::Sync,
+        "async" => MountOption::Async,
+        "dirsync" => MountOption::DirSync,
+        "rw" => MountOption::RW,
+        other => MountOption::CUSTOM(other.to_owned()),
+    }
+}
+
+/// A mounted file system, not yet serving requests.
+pub struct Mounted {
+    session: fuser::Session<TallyFuse>,
+    outcome: OutcomeSlot,
+    dir: PathBuf,
+}
+
+/// Mount `fs` on `dir`. The kernel sees the mount when this returns; requests wait until
+/// [`Mounted::run`]. On failure the file system is unmounted cleanly (snapshot written).
+///
+/// # Errors
+/// The kernel's or fusermount's refusal (no `/dev/fuse`, not a directory, no permission).
+pub fn mount(fs: Fs, dir: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
+    let outcome: OutcomeSlot = Arc::new(Mutex::new(None));
+    let adapter = TallyFuse::new(fs, cfg.ttl, cfg.maintenance_interval, outcome.clone());
+    let mut options = vec![
+        MountOption::FSName(cfg.fsname.clone()),
+        MountOption::Subtype("tally".into()),
+        MountOption::DefaultPermissions,
+    ];
+    options.extend(cfg.options.iter().map(|o| mount_option(o)));
+    let mut config = Config::default();
+    config.mount_options = options;
+    config.acl = if cfg.allow_other { SessionACL::All } else { SessionACL::Owner };
+    config.n_threads = Some(cfg.threads.max(1));
+    config.clone_fd = true;
+    let session = fuser::Session::new(adapter, dir, &config)?;
+    Ok(Mounted { session, outcome, dir: dir.to_path_buf() })
+}
+
+impl Mounted {
+    /// Unmount the directory when SIGTERM, SIGINT or SIGHUP arrives (a thread waits for them;
+    /// [`block_termination_signals`] must have run before any thread started, or the signal
+    /// may be delivered elsewhere).
+    ///
+    /// # Errors
+    /// The thread could not start.
+    pub fn unmount_on_signals(&self) -> io::Result<()> {
+        let dir = self.dir.clone();
+        std::thread::Builder::new().name("tally-signals".into()).spawn(move || loop {
+            let signal = wait_termination_signal();
+            tracing::info!(signal, "unmounting {} on signal", dir.display());
+            // Open files keep a plain unmount busy; a signal means stop, so detach lazily.
+            match unmount_dir(&dir, false).or_else(|_| unmount_dir(&dir, true)) {
+                Ok(()) => return,
+                Err(e) => tracing::error!("unmount of {} failed: {e}", dir.display()),
+            }
+        })?;
+        Ok(())
+    }
+
+    /// Serve requests until the kernel ends the connection, then unmount the file system.
+    ///
+    /// # Errors
+    /// The session failed (the file system is unmounted all the same; see its outcome in the
+    /// log).
+    pub fn run(self) -> io::Result<Unmounted> {
+        let Mounted { session, outcome, .. } = self;
+        session.run()?;
+        let taken = outcome.lock().unwrap_or_else(PoisonError::into_inner).take();
+        Ok(taken.unwrap_or(Unmounted::WithoutSnapshot("destroy did not run".into())))
+    }
+}
+
+/// The signals that end a mount.
+fn termination_set() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset initialise and fill the set they are given; the set is a
+    // plain value owned here.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        set
+    }
+}
+
+/// Block SIGTERM, SIGINT and SIGHUP in the calling thread and every thread it starts later,
+/// so that [`Mounted::unmount_on_signals`] receives them. Call before any thread starts.
+///
+/// # Errors
+/// `pthread_sigmask` failed.
+pub fn block_termination_signals() -> io::Result<()> {
+    let set = termination_set();
+    // SAFETY: `set` is initialised; a null old set is allowed.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(rc))
+    }
+}
+
+/// Wait for one of the termination signals; returns its number.
+fn wait_termination_signal() -> i32 {
+    let set = termination_set();
+    loop {
+        let mut signal = 0;
+        // SAFETY: `set` is initialised and `signal` is a valid place for the result.
+        if unsafe { libc::sigwait(&set, &mut signal) } == 0 {
+            return signal;
+        }
+    }
+}
+
+/// Unmount a FUSE mount at `dir`: `umount2` as root, `fusermount3 -u` (or `fusermount -u`)
+/// otherwise; `lazy` detaches it even while files are open (`MNT_DETACH`, `-z`).
+///
+/// # Errors
+/// Not mounted, busy (when not lazy), no permission.
+pub fn unmount_dir(dir: &Path, lazy: bool) -> io::Result<()> {
+    let c = CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path with a NUL byte"))?;
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    // SAFETY: `c` is a valid NUL-terminated path.
+    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::EPERM) {
+        return Err(err);
+    }
+    let mut last = err;
+    for tool in ["fusermount3", "fusermount"] {
+        let mut cmd = Command::new(tool);
+        cmd.arg(if lazy { "-uz" } else { "-u" }).arg(dir);
+        match cmd.output() {
+            Ok(out) if out.status.success() => return Ok(()),
+            Ok(out) => {
+                let text = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+                return Err(io::Error::other(format!("{tool}: {text}")));
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_parse_and_refuse_the_unknown() {
+        let mut cfg = MountConfig::default();
+        parse_options("default_permissions,allow_other, noatime", &mut cfg).unwrap();
+        assert!(cfg.allow_other);
+        assert_eq!(cfg.options, ["noatime"]);
+        assert!(parse_options("ro", &mut cfg).is_err());
+        let e = parse_options("bogus", &mut cfg).unwrap_err();
+        assert!(e.contains("bogus"), "{e}");
+    }
+}

@@ -1,0 +1,381 @@
+//! The adapter through the kernel: a temporary image mounted with FUSE, used with ordinary
+//! file calls (std::fs and libc), unmounted, mounted again, and checked.
+//!
+//! Needs root and a usable /dev/fuse (CI has both); otherwise each test prints why it skips.
+
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tally_fs::{Fs, MkfsOptions, MountOptions};
+use tally_fuse::{MountConfig, Unmounted};
+use tally_media::{Device, FileDevice, FileOptions};
+
+/// Why FUSE cannot be used here, if it cannot.
+fn fuse_unavailable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not running as root".into());
+    }
+    if let Err(e) = OpenOptions::new().read(true).write(true).open("/dev/fuse") {
+        return Some(format!("/dev/fuse unusable: {e}"));
+    }
+    None
+}
+
+macro_rules! require_fuse {
+    () => {
+        if let Some(why) = fuse_unavailable() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+}
+
+/// A temporary image and mount directory, removed on drop.
+struct Scratch {
+    root: PathBuf,
+}
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let root = std::env::temp_dir()
+            .join(format!("tally-fuse-test-{}-{tag}-{nanos}", std::process::id()));
+        fs::create_dir_all(root.join("mnt")).unwrap();
+        let image = root.join("image");
+        File::create(&image).unwrap().set_len(256 << 20).unwrap();
+        Fs::mkfs(device(&image), &MkfsOptions::default()).unwrap();
+        Scratch { root }
+    }
+
+    fn image(&self) -> PathBuf {
+        self.root.join("image")
+    }
+
+    fn dir(&self) -> PathBuf {
+        self.root.join("mnt")
+    }
+
+    fn mount(&self) -> Served {
+        let fs = Fs::mount(device(&self.image()), MountOptions::default()).unwrap();
+        let cfg = MountConfig { allow_other: true, threads: 4, ..MountConfig::default() };
+        let mounted = tally_fuse::mount(fs, &self.dir(), &cfg).unwrap();
+        let thread = std::thread::spawn(move || mounted.run().unwrap());
+        Served { dir: self.dir(), thread: Some(thread) }
+    }
+
+    /// Mount the image without FUSE, to look at it directly.
+    fn open_fs(&self) -> Fs {
+        Fs::mount(device(&self.image()), MountOptions::default()).unwrap()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = tally_fuse::unmount_dir(&self.dir(), true);
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+fn device(path: &Path) -> Arc<dyn Device> {
+    Arc::new(FileDevice::open(path, FileOptions::default()).unwrap())
+}
+
+/// A mount being served on a thread.
+struct Served {
+    dir: PathBuf,
+    thread: Option<JoinHandle<Unmounted>>,
+}
+
+impl Served {
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Unmount through the kernel and wait for the session to write its snapshot.
+    fn unmount(mut self) -> Unmounted {
+        let mut tries = 0;
+        while let Err(e) = tally_fuse::unmount_dir(&self.dir, false) {
+            // A release of a just-closed file may still be in flight: EBUSY for a moment.
+            tries += 1;
+            assert!(tries < 100, "unmount of {} failed: {e}", self.dir.display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            let _ = tally_fuse::unmount_dir(&self.dir, true);
+        }
+    }
+}
+
+fn cstr(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+fn set_xattr(p: &Path, name: &str, value: &[u8], flags: i32) -> Result<(), i32> {
+    let n = CString::new(name).unwrap();
+    // SAFETY: valid C strings and a buffer of the given length.
+    let rc = unsafe {
+        libc::setxattr(cstr(p).as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), flags)
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
+}
+
+/// getxattr with a buffer of `size` bytes (0: ask for the size).
+fn get_xattr(p: &Path, name: &str, size: usize) -> Result<Vec<u8>, i32> {
+    let n = CString::new(name).unwrap();
+    let mut buf = vec![0u8; size];
+    // SAFETY: valid C strings and a buffer of `size` bytes (null when 0).
+    let rc = unsafe {
+        libc::getxattr(
+            cstr(p).as_ptr(),
+            n.as_ptr(),
+            if size == 0 { std::ptr::null_mut() } else { buf.as_mut_ptr().cast() },
+            size,
+        )
+    };
+    if rc < 0 {
+        return Err(errno());
+    }
+    if size == 0 {
+        return Ok(vec![0; rc as usize]);
+    }
+    buf.truncate(rc as usize);
+    Ok(buf)
+}
+
+fn list_xattr(p: &Path, size: usize) -> Result<Vec<u8>, i32> {
+    let mut buf = vec![0u8; size];
+    // SAFETY: a valid C string and a buffer of `size` bytes (null when 0).
+    let rc = unsafe {
+        libc::listxattr(
+            cstr(p).as_ptr(),
+            if size == 0 { std::ptr::null_mut() } else { buf.as_mut_ptr().cast() },
+            size,
+        )
+    };
+    if rc < 0 {
+        return Err(errno());
+    }
+    buf.truncate(if size == 0 { 0 } else { rc as usize });
+    if size == 0 {
+        buf.resize(rc as usize, 0);
+    }
+    Ok(buf)
+}
+
+fn renameat2(from: &Path, to: &Path, flags: u32) -> Result<(), i32> {
+    // SAFETY: valid C strings; AT_FDCWD with absolute paths.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            cstr(from).as_ptr(),
+            libc::AT_FDCWD,
+            cstr(to).as_ptr(),
+            flags,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn ordinary_file_operations_survive_unmount_and_remount() {
+    require_fuse!();
+    let scratch = Scratch::new("ops");
+    let m = scratch.mount();
+
+    // Create, write, read back.
+    fs::write(m.path("a.txt"), b"hello, tally\n").unwrap();
+    assert_eq!(fs::read(m.path("a.txt")).unwrap(), b"hello, tally\n");
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    fs::write(m.path("big"), &big).unwrap();
+    assert_eq!(fs::read(m.path("big")).unwrap(), big);
+    assert_eq!(
+        fs::metadata(m.path("big")).unwrap().blocks(),
+        74 * 8,
+        "st_blocks: 74 blocks of 4 KiB"
+    );
+
+    // Directories, rename, hard link, symlink.
+    fs::create_dir(m.path("d")).unwrap();
+    fs::rename(m.path("a.txt"), m.path("d/b.txt")).unwrap();
+    fs::hard_link(m.path("d/b.txt"), m.path("link")).unwrap();
+    std::os::unix::fs::symlink("d/b.txt", m.path("sym")).unwrap();
+    assert_eq!(fs::read_link(m.path("sym")).unwrap(), Path::new("d/b.txt"));
+    assert_eq!(fs::read(m.path("sym")).unwrap(), b"hello, tally\n");
+    assert_eq!(fs::metadata(m.path("link")).unwrap().nlink(), 2);
+    assert_eq!(names(&m.dir), ["big", "d", "link", "sym"]);
+    assert_eq!(fs::metadata(&m.dir).unwrap().nlink(), 3);
+
+    // Rename flags.
+    fs::write(m.path("x"), b"x").unwrap();
+    fs::write(m.path("y"), b"y").unwrap();
+    assert_eq!(renameat2(&m.path("x"), &m.path("y"), libc::RENAME_NOREPLACE), Err(libc::EEXIST));
+    renameat2(&m.path("x"), &m.path("y"), libc::RENAME_EXCHANGE).unwrap();
+    assert_eq!(fs::read(m.path("x")).unwrap(), b"y");
+    assert_eq!(fs::read(m.path("y")).unwrap(), b"x");
+
+    // Extended attributes, with the size probe and ERANGE.
+    let f = m.path("d/b.txt");
+    set_xattr(&f, "user.colour", b"blue", 0).unwrap();
+    assert_eq!(set_xattr(&f, "user.colour", b"red", libc::XATTR_CREATE), Err(libc::EEXIST));
+    assert_eq!(set_xattr(&f, "user.none", b"1", libc::XATTR_REPLACE), Err(libc::ENODATA));
+    set_xattr(&f, "user.shape", b"round", 0).unwrap();
+    assert_eq!(get_xattr(&f, "user.colour", 0).unwrap().len(), 4);
+    assert_eq!(get_xattr(&f, "user.colour", 2), Err(libc::ERANGE));
+    assert_eq!(get_xattr(&f, "user.colour", 64).unwrap(), b"blue");
+    assert_eq!(get_xattr(&f, "user.none", 64), Err(libc::ENODATA));
+    let list_len = list_xattr(&f, 0).unwrap().len();
+    assert_eq!(list_len, "user.colour\0user.shape\0".len());
+    assert_eq!(list_xattr(&f, 3), Err(libc::ERANGE));
+    assert_eq!(list_xattr(&f, list_len).unwrap(), b"user.colour\0user.shape\0");
+
+    // Truncate (shrink and extend), permissions, fsync, a fifo.
+    let mut file = OpenOptions::new().read(true).write(true).open(m.path("big")).unwrap();
+    file.set_len(5000).unwrap();
+    file.set_len(9000).unwrap();
+    file.seek(SeekFrom::Start(4000)).unwrap();
+    let mut tail = Vec::new();
+    file.read_to_end(&mut tail).unwrap();
+    assert_eq!(&tail[..1000], &big[4000..5000]);
+    assert!(tail[1000..].iter().all(|&b| b == 0), "extension reads zeros");
+    file.seek(SeekFrom::Start(4000)).unwrap();
+    file.write_all(b"synced").unwrap();
+    file.sync_all().unwrap();
+    file.sync_data().unwrap();
+    drop(file);
+    fs::set_permissions(m.path("x"), fs::Permissions::from_mode(0o640)).unwrap();
+    let fifo = cstr(&m.path("fifo"));
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    assert!(fs::symlink_metadata(m.path("fifo")).unwrap().file_type().is_fifo());
+    File::open(&m.dir).unwrap().sync_all().unwrap();
+
+    // A file unlinked while open stays readable until closed.
+    fs::write(m.path("gone"), b"still here").unwrap();
+    let mut held = File::open(m.path("gone")).unwrap();
+    fs::remove_file(m.path("gone")).unwrap();
+    let mut text = String::new();
+    held.read_to_string(&mut text).unwrap();
+    assert_eq!(text, "still here");
+    drop(held);
+
+    // statfs sees the file system's figures.
+    let st = statvfs(&m.dir);
+    assert_eq!(st.f_bsize, 4096);
+    assert!(st.f_blocks > 0 && st.f_bfree > 0 && st.f_bfree <= st.f_blocks);
+    assert_eq!(st.f_namemax, 255);
+
+    fs::remove_file(m.path("y")).unwrap();
+    assert_eq!(m.unmount(), Unmounted::Clean);
+
+    // Mounted again (from the snapshot), everything is as left.
+    let m = scratch.mount();
+    assert_eq!(names(&m.dir), ["big", "d", "fifo", "link", "sym", "x"]);
+    assert_eq!(fs::read(m.path("link")).unwrap(), b"hello, tally\n");
+    assert_eq!(fs::read(m.path("x")).unwrap(), b"y");
+    assert_eq!(fs::metadata(m.path("x")).unwrap().permissions().mode() & 0o7777, 0o640);
+    let b = fs::read(m.path("big")).unwrap();
+    assert_eq!(b.len(), 9000);
+    assert_eq!(&b[4000..4006], b"synced");
+    assert_eq!(get_xattr(&m.path("d/b.txt"), "user.shape", 64).unwrap(), b"round");
+    assert_eq!(fs::read_link(m.path("sym")).unwrap(), Path::new("d/b.txt"));
+    assert_eq!(m.unmount(), Unmounted::Clean);
+
+    let fs = scratch.open_fs();
+    assert!(fs.mount_report().from_snapshot, "a clean unmount leaves a snapshot");
+    let report = fs.fsck();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    fs.unmount().unwrap();
+}
+
+fn statvfs(p: &Path) -> libc::statvfs {
+    // SAFETY: a valid C string; statvfs fills the zeroed struct.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        assert_eq!(libc::statvfs(cstr(p).as_ptr(), &mut st), 0);
+        st
+    }
+}
+
+#[test]
+fn errors_arrive_as_the_errno_linux_gives() {
+    require_fuse!();
+    let scratch = Scratch::new("errno");
+    let m = scratch.mount();
+    let code = |r: std::io::Result<()>| r.unwrap_err().raw_os_error().unwrap();
+    fs::create_dir(m.path("d")).unwrap();
+    fs::write(m.path("d/f"), b"1").unwrap();
+    assert_eq!(code(fs::create_dir(m.path("d"))), libc::EEXIST);
+    assert_eq!(code(fs::remove_dir(m.path("d"))), libc::ENOTEMPTY);
+    assert_eq!(code(fs::remove_file(m.path("nothing"))), libc::ENOENT);
+    assert_eq!(code(fs::rename(m.path("d"), m.path("d/inside"))), libc::EINVAL);
+    assert_eq!(code(fs::hard_link(m.path("d"), m.path("dl"))), libc::EPERM);
+    let long = "n".repeat(256);
+    assert_eq!(code(fs::write(m.path(&long), b"").map(|_| ())), libc::ENAMETOOLONG);
+    fs::write(m.path(&"n".repeat(255)), b"ok").unwrap();
+    assert_eq!(code(File::open(m.path("d/f/x")).map(|_| ())), libc::ENOTDIR);
+    assert_eq!(m.unmount(), Unmounted::Clean);
+}
+
+#[test]
+fn parallel_writers_are_served() {
+    require_fuse!();
+    let scratch = Scratch::new("parallel");
+    let m = scratch.mount();
+    let workers: Vec<_> = (0..4)
+        .map(|t| {
+            let dir = m.dir.clone();
+            std::thread::spawn(move || {
+                for i in 0..50 {
+                    let p = dir.join(format!("t{t}-{i}"));
+                    let mut f = File::create(&p).unwrap();
+                    f.write_all(format!("{t}:{i}").as_bytes()).unwrap();
+                    f.sync_all().unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert_eq!(fs::read_dir(&m.dir).unwrap().count(), 200);
+    assert_eq!(fs::read(m.path("t3-49")).unwrap(), b"3:49");
+    assert_eq!(m.unmount(), Unmounted::Clean);
+}

@@ -1,0 +1,281 @@
+//! `tally mkfs IMAGE --size SIZE`: make an empty Tally file system on a file or block device.
+//!
+//! It never destroys data silently: a file or device that already holds a Tally image,
+//! another recognisable file system, or any non-zero byte where it looks is refused without
+//! `--force`.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read as _, Seek as _, SeekFrom};
+use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+use std::os::unix::io::AsRawFd as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use tally_bench::measure::parse_size_like;
+use tally_fs::{Fs, MkfsOptions};
+use tally_media::{Device, FileDevice, FileOptions};
+
+use crate::{EXIT_BAD_INPUT, EXIT_IO_FAILURE};
+
+/// Exit code when the target holds data or a file system and `--force` was not given.
+pub const EXIT_REFUSED: u8 = 3;
+
+/// Arguments of `tally mkfs`.
+#[derive(Debug, clap::Args)]
+#[command(after_long_help = "\
+Examples:
+  tally mkfs /var/tmp/tally.img --size 4G     a new sparse 4 GiB image file
+  tally mkfs /dev/nvme1n1 --force             the whole device, whatever it held
+
+The image is a log of segments (4 MiB each) shared by the streams; one operation or explicit \
+transaction must fit in half a segment. `tally mount IMAGE DIR` serves it.
+
+Exit codes: 0 made; 1 I/O error; 2 bad arguments; 3 refused (the target holds data or a file \
+system: give --force to overwrite it).")]
+pub struct Args {
+    /// Image file (created sparse if missing) or block device.
+    image: PathBuf,
+    /// Size of the image file, e.g. 512M, 4G (K/M/G/T are powers of 1024). Needed for a new
+    /// file; resizes an existing file only with --force; not for block devices.
+    #[arg(long, value_parser = parse_size)]
+    size: Option<u64>,
+    /// Log streams (independent ordering domains; operations on a file use stream
+    /// `inode % streams`).
+    #[arg(long, default_value_t = MkfsOptions::default().streams,
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    streams: u16,
+    /// Overwrite whatever the target holds (a Tally image, another file system, data).
+    #[arg(long)]
+    force: bool,
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
+    parse_size_like(text, "4G")
+}
+
+/// Why mkfs stopped.
+enum Stop {
+    BadInput(String),
+    Refused(String),
+    Io(String),
+}
+
+/// Make the file system; the exit code says how it went.
+pub fn run(args: &Args) -> ExitCode {
+    match make(args) {
+        Ok(summary) => {
+            println!("{summary}");
+            ExitCode::SUCCESS
+        }
+        Err(stop) => {
+            let (text, code) = match stop {
+                Stop::BadInput(t) => (t, EXIT_BAD_INPUT),
+                Stop::Refused(t) => (t, EXIT_REFUSED),
+                Stop::Io(t) => (t, EXIT_IO_FAILURE),
+            };
+            eprintln!("tally mkfs: error: {text}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn make(args: &Args) -> Result<String, Stop> {
+    let created = !args.image.exists();
+    let made = make_on(args);
+    if made.is_err() && created {
+        // Leave nothing behind that was not there before.
+        let _ = std::fs::remove_file(&args.image);
+    }
+    made
+}
+
+fn make_on(args: &Args) -> Result<String, Stop> {
+    let path = &args.image;
+    let shown = path.display();
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => Some(m),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(Stop::Io(format!("{shown}: {e}"))),
+    };
+    match &meta {
+        None => {
+            let size = args.size.ok_or_else(|| {
+                Stop::BadInput(format!("{shown} does not exist: give --size to create it"))
+            })?;
+            let file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(|e| Stop::Io(format!("cannot create {shown}: {e}")))?;
+            file.set_len(size).map_err(|e| Stop::Io(format!("cannot size {shown}: {e}")))?;
+        }
+        Some(m) if m.file_type().is_block_device() => {
+            if args.size.is_some() {
+                return Err(Stop::BadInput(format!(
+                    "{shown} is a block device: its size is its own (drop --size)"
+                )));
+            }
+            refuse_unless_forced(path, args.force)?;
+        }
+        Some(m) if m.is_file() => {
+            refuse_unless_forced(path, args.force)?;
+            if let Some(size) = args.size.filter(|&s| s != m.len()) {
+                if m.len() != 0 && !args.force {
+                    return Err(Stop::Refused(format!(
+                        "{shown} is {} bytes, not {size}: give --force to resize it",
+                        m.len()
+                    )));
+                }
+                let file = OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .map_err(|e| Stop::Io(format!("{shown}: {e}")))?;
+                file.set_len(size).map_err(|e| Stop::Io(format!("cannot size {shown}: {e}")))?;
+            }
+        }
+        Some(_) => {
+            return Err(Stop::BadInput(format!("{shown} is not a regular file or a block device")))
+        }
+    }
+    let dev = FileDevice::open(path, FileOptions::default())
+        .map_err(|e| Stop::Io(format!("cannot open {shown}: {e}")))?;
+    let geometry = dev.geometry();
+    let opts = MkfsOptions { streams: args.streams, ..MkfsOptions::default() };
+    let dev: Arc<dyn Device> = Arc::new(dev);
+    Fs::mkfs(dev, &opts).map_err(|e| match e {
+        tally_fs::FsError::Io(_) | tally_fs::FsError::ReadOnly(_) => {
+            Stop::Io(format!("mkfs on {shown} failed: {e}"))
+        }
+        // The rest are shapes the log refuses: too small for the streams, too many streams.
+        e => Stop::BadInput(format!("cannot make a file system on {shown}: {e}")),
+    })?;
+    let bytes = geometry.block_count * u64::from(geometry.block_size);
+    Ok(format!(
+        "made a Tally file system on {shown}: {} ({} blocks of {} bytes), {} streams, \
+         segments of {} blocks",
+        human(bytes),
+        geometry.block_count,
+        geometry.block_size,
+        opts.streams,
+        opts.segment_blocks
+    ))
+}
+
+/// Bytes in the largest binary unit that keeps one decimal.
+fn human(bytes: u64) -> String {
+    let units = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} bytes")
+    } else {
+        format!("{value:.1} {}", units[unit])
+    }
+}
+
+/// Bytes read from the start of the target to recognise what it holds.
+const HEAD_BYTES: usize = 1 << 20;
+
+/// Refuse a target that holds something, unless `force`.
+fn refuse_unless_forced(path: &Path, force: bool) -> Result<(), Stop> {
+    if force {
+        return Ok(());
+    }
+    let mut file = File::open(path).map_err(|e| Stop::Io(format!("{}: {e}", path.display())))?;
+    let mut head = Vec::with_capacity(HEAD_BYTES);
+    (&mut file)
+        .take(HEAD_BYTES as u64)
+        .read_to_end(&mut head)
+        .map_err(|e| Stop::Io(format!("cannot read {}: {e}", path.display())))?;
+    let found = recognise(&head).map(str::to_owned).or_else(|| {
+        if head.iter().any(|&b| b != 0) || data_past_head(&mut file) {
+            Some("data".to_owned())
+        } else {
+            None
+        }
+    });
+    match found {
+        Some(what) => Err(Stop::Refused(format!(
+            "{} holds {what}: give --force to overwrite it",
+            path.display()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// What the first bytes of a target say it is, if anything known.
+fn recognise(head: &[u8]) -> Option<&'static str> {
+    let at = |offset: usize, magic: &[u8]| head.get(offset..offset + magic.len()) == Some(magic);
+    // The log's superblock, in either of its two copies (blocks 0 and 1).
+    if at(0, b"TALLYSB1") || at(4096, b"TALLYSB1") {
+        return Some("a Tally file system");
+    }
+    if at(1080, &0xEF53u16.to_le_bytes()) {
+        return Some("an ext2/3/4 file system");
+    }
+    if at(0, b"XFSB") {
+        return Some("an XFS file system");
+    }
+    if at(0x1_0040, b"_BHRfS_M") {
+        return Some("a btrfs file system");
+    }
+    if at(510, &[0x55, 0xAA]) {
+        return Some("a partition table or boot sector");
+    }
+    if at(0, b"LUKS\xBA\xBE") {
+        return Some("a LUKS volume");
+    }
+    if at(4086, b"SWAPSPACE2") {
+        return Some("swap space");
+    }
+    None
+}
+
+/// Does a sparse file hold data past the bytes already looked at? (`SEEK_DATA`; a block
+/// device or a file system without it answers no, having been checked by its head.)
+fn data_past_head(file: &mut File) -> bool {
+    let fd = file.as_raw_fd();
+    // SAFETY: lseek on a descriptor this function borrows; no memory is passed.
+    let at = unsafe { libc::lseek(fd, HEAD_BYTES as libc::off_t, libc::SEEK_DATA) };
+    if at < 0 {
+        return false;
+    }
+    let mut chunk = vec![0u8; 64 << 10];
+    if file.seek(SeekFrom::Start(at as u64)).is_err() {
+        return false;
+    }
+    let n = file.read(&mut chunk).unwrap_or(0);
+    chunk[..n].iter().any(|&b| b != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognises_file_systems() {
+        let mut head = vec![0u8; HEAD_BYTES];
+        assert_eq!(recognise(&head), None);
+        head[1080..1082].copy_from_slice(&0xEF53u16.to_le_bytes());
+        assert_eq!(recognise(&head), Some("an ext2/3/4 file system"));
+        let mut head = vec![0u8; HEAD_BYTES];
+        head[4096..4104].copy_from_slice(b"TALLYSB1");
+        assert_eq!(recognise(&head), Some("a Tally file system"));
+        let mut head = vec![0u8; HEAD_BYTES];
+        head[..4].copy_from_slice(b"XFSB");
+        assert_eq!(recognise(&head), Some("an XFS file system"));
+        assert_eq!(recognise(b"short"), None);
+    }
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human(512), "512 bytes");
+        assert_eq!(human(4 << 30), "4.0 GiB");
+    }
+}

@@ -1,0 +1,477 @@
+//! `tally mount IMAGE DIR` and `tally umount DIR`: serve a Tally image through FUSE.
+//!
+//! The daemon (the default) forks before any thread starts; the parent waits on a pipe until
+//! the child has mounted (or failed), prints the outcome and exits with its code. The daemon
+//! holds an exclusive `flock` on the image while it runs: a second mount of the same image is
+//! refused, and `tally umount` waits on the same lock, so it returns only once the daemon has
+//! written its snapshot and exited.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read as _, Write as _};
+use std::os::unix::fs::FileTypeExt as _;
+use std::os::unix::io::{AsRawFd as _, FromRawFd as _};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tally_fs::{Fs, MountOptions};
+use tally_fuse::{MountConfig, Unmounted};
+use tally_media::{FileDevice, FileOptions};
+
+use crate::{EXIT_BAD_INPUT, EXIT_IO_FAILURE};
+
+/// Arguments of `tally mount`.
+#[derive(Debug, clap::Args)]
+#[command(after_long_help = "\
+Examples:
+  tally mount /var/tmp/tally.img /mnt/t                  daemon; `tally umount /mnt/t` ends it
+  tally mount img /mnt/t --foreground                    stay in the terminal; Ctrl-C unmounts
+  tally mount img /mnt/t -o allow_other,noatime          other users may use the mount
+
+Mount options (-o, comma-separated, repeatable):
+  default_permissions   the kernel checks permissions from the mode bits (always on)
+  allow_other           users other than the one mounting may use the mount
+  noatime, nodev, nosuid, noexec, dirsync, sync, ...   passed to the kernel
+
+The daemon logs to --log (default: $XDG_STATE_HOME/tally/ or ~/.local/state/tally/, \
+named after the mount directory); RUST_LOG=debug logs every failed request. SIGTERM, SIGINT \
+and SIGHUP unmount cleanly (the snapshot is written, so the next mount needs no scan). A \
+daemon killed with SIGKILL loses nothing committed: the next mount recovers from the log.
+
+Exit codes: 0 mounted (daemon) or unmounted cleanly (--foreground); 1 I/O error or an \
+unclean unmount; 2 bad arguments, an image in use, or not a Tally image.")]
+pub struct MountArgs {
+    /// Image file or block device made by `tally mkfs`.
+    image: PathBuf,
+    /// Directory to mount it on.
+    dir: PathBuf,
+    /// Stay in the foreground, logging to stderr.
+    #[arg(long, short = 'f')]
+    foreground: bool,
+    /// Mount options, e.g. -o allow_other,noatime (see below).
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    options: Vec<String>,
+    /// Threads serving kernel requests (default: cores, between 2 and 8).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    threads: Option<u16>,
+    /// Log file of the daemon.
+    #[arg(long, value_name = "FILE")]
+    log: Option<PathBuf>,
+}
+
+/// Arguments of `tally umount`.
+#[derive(Debug, clap::Args)]
+#[command(after_long_help = "\
+Unmounts the directory, then waits until the daemon serving it has made everything durable, \
+written its snapshot and exited.
+
+Exit codes: 0 unmounted and the daemon finished; 1 busy, failed, or the daemon still running \
+at --timeout; 2 not a mount.")]
+pub struct UmountArgs {
+    /// The mount directory.
+    dir: PathBuf,
+    /// Detach now even if files are open; the daemon finishes when the last one closes.
+    #[arg(long)]
+    lazy: bool,
+    /// Seconds to wait for the daemon to finish.
+    #[arg(long, default_value_t = 120)]
+    timeout: u64,
+}
+
+/// A failure with its exit code.
+struct Stop {
+    code: u8,
+    text: String,
+}
+
+fn bad(text: impl Into<String>) -> Stop {
+    Stop { code: EXIT_BAD_INPUT, text: text.into() }
+}
+
+fn io_failure(text: impl Into<String>) -> Stop {
+    Stop { code: EXIT_IO_FAILURE, text: text.into() }
+}
+
+/// Run `tally mount`.
+pub fn run_mount(args: &MountArgs) -> ExitCode {
+    match prepare(args) {
+        Ok((image, dir, cfg)) => {
+            let notify = if args.foreground {
+                Notify::Foreground
+            } else {
+                let log = args.log.clone().unwrap_or_else(|| default_log(&dir));
+                match daemonise(&log, &image, &dir) {
+                    Ok(Some(notify)) => notify,
+                    Ok(None) => return ExitCode::SUCCESS, // the parent, after a good mount
+                    Err(stop) => return exit(&stop),
+                }
+            };
+            init_logging(args.foreground);
+            serve(&image, &dir, cfg, notify)
+        }
+        Err(stop) => exit(&stop),
+    }
+}
+
+fn exit(stop: &Stop) -> ExitCode {
+    eprintln!("tally mount: error: {}", stop.text);
+    ExitCode::from(stop.code)
+}
+
+/// Check the arguments before forking, so mistakes are reported in the terminal.
+fn prepare(args: &MountArgs) -> Result<(PathBuf, PathBuf, MountConfig), Stop> {
+    let mut cfg = MountConfig::default();
+    for list in &args.options {
+        tally_fuse::parse_options(list, &mut cfg).map_err(bad)?;
+    }
+    if let Some(t) = args.threads {
+        cfg.threads = usize::from(t);
+    }
+    let image = std::fs::canonicalize(&args.image)
+        .map_err(|e| bad(format!("image {}: {e}", args.image.display())))?;
+    let meta = std::fs::metadata(&image).map_err(|e| bad(format!("{}: {e}", image.display())))?;
+    if !meta.is_file() && !meta.file_type().is_block_device() {
+        return Err(bad(format!("{} is not a file or a block device", image.display())));
+    }
+    let dir = std::fs::canonicalize(&args.dir)
+        .map_err(|e| bad(format!("mount directory {}: {e}", args.dir.display())))?;
+    if !dir.is_dir() {
+        return Err(bad(format!("{} is not a directory", dir.display())));
+    }
+    cfg.fsname = image.display().to_string();
+    Ok((image, dir, cfg))
+}
+
+/// `$XDG_STATE_HOME/tally/<dir>.log`, else `~/.local/state/tally/…`, else the temp dir.
+fn default_log(dir: &Path) -> PathBuf {
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("tally");
+    let name: String = dir
+        .to_string_lossy()
+        .trim_start_matches('/')
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' })
+        .collect();
+    base.join(format!("mount-{name}.log"))
+}
+
+/// How the daemon tells whoever started it that it is serving, or why not.
+enum Notify {
+    /// `--foreground`: print to stderr.
+    Foreground,
+    /// The write end of the parent's pipe.
+    Pipe(File),
+}
+
+impl Notify {
+    fn ready(self, image: &Path, dir: &Path) {
+        match self {
+            Notify::Foreground => eprintln!(
+                "tally mount: {} mounted on {}; Ctrl-C or `tally umount {}` unmounts",
+                image.display(),
+                dir.display(),
+                dir.display()
+            ),
+            Notify::Pipe(mut pipe) => {
+                let _ = pipe.write_all(b"ok\n");
+            }
+        }
+    }
+
+    fn failed(self, stop: &Stop) -> ExitCode {
+        tracing::error!("{}", stop.text);
+        match self {
+            Notify::Foreground => exit(stop),
+            Notify::Pipe(mut pipe) => {
+                let _ = writeln!(pipe, "{} {}", stop.code, stop.text);
+                ExitCode::from(stop.code)
+            }
+        }
+    }
+}
+
+/// Fork. The parent waits for the child's word, prints it and returns `None` (or the error);
+/// the child detaches (new session, stdin and stdout on /dev/null, stderr on the log) and
+/// returns how to notify the parent.
+fn daemonise(log: &Path, image: &Path, dir: &Path) -> Result<Option<Notify>, Stop> {
+    if let Some(parent) = log.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| io_failure(format!("log directory {}: {e}", parent.display())))?;
+    }
+    let log_file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| io_failure(format!("log file {}: {e}", log.display())))?;
+    let null = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| io_failure(format!("/dev/null: {e}")))?;
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills the two-element array it is given.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io_failure(format!("pipe: {}", io::Error::last_os_error())));
+    }
+    // SAFETY: the descriptors were just created by pipe2 and are owned by nothing else.
+    let (mut read_end, write_end) =
+        unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+    // SAFETY: no thread has been started yet (the command line is parsed, nothing else), so
+    // the child is a complete copy of this single-threaded process.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io_failure(format!("fork: {}", io::Error::last_os_error())));
+    }
+    if pid > 0 {
+        drop(write_end);
+        let mut word = String::new();
+        let _ = read_end.read_to_string(&mut word);
+        let word = word.trim();
+        if word == "ok" {
+            println!(
+                "tally mount: {} mounted on {} (daemon pid {pid}, log {})",
+                image.display(),
+                dir.display(),
+                log.display()
+            );
+            return Ok(None);
+        }
+        if word.is_empty() {
+            return Err(io_failure(format!(
+                "the daemon (pid {pid}) exited before mounting; see {}",
+                log.display()
+            )));
+        }
+        let (code, text) = word.split_once(' ').unwrap_or(("1", word));
+        return Err(Stop { code: code.parse().unwrap_or(EXIT_IO_FAILURE), text: text.into() });
+    }
+    drop(read_end);
+    // SAFETY: plain system calls on descriptors owned by this process; dup2 targets are the
+    // standard descriptors, which stay open (fuser refuses to run with them closed).
+    unsafe {
+        libc::setsid();
+        libc::dup2(null.as_raw_fd(), 0);
+        libc::dup2(null.as_raw_fd(), 1);
+        libc::dup2(log_file.as_raw_fd(), 2);
+    }
+    let _ = std::env::set_current_dir("/");
+    Ok(Some(Notify::Pipe(write_end)))
+}
+
+/// What the daemon logs unless RUST_LOG says otherwise. fuser's session warns on every clean
+/// unmount that its own second unmount of the directory failed (the kernel had already
+/// unmounted it); that one line is noise.
+const LOG_FILTER_DEFAULT: &str = "info,fuser::session=error";
+
+fn init_logging(foreground: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(LOG_FILTER_DEFAULT));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(foreground && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+/// Lock the image for this process's lifetime; `None` if another process holds it.
+fn lock_image(image: &Path) -> Result<Option<File>, Stop> {
+    let file = File::open(image).map_err(|e| io_failure(format!("{}: {e}", image.display())))?;
+    // SAFETY: flock on a descriptor owned by `file`.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(Some(file));
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(None)
+    } else {
+        Err(io_failure(format!("cannot lock {}: {e}", image.display())))
+    }
+}
+
+/// Mount and serve until unmounted.
+fn serve(image: &Path, dir: &Path, cfg: MountConfig, notify: Notify) -> ExitCode {
+    if let Err(e) = tally_fuse::block_termination_signals() {
+        return notify.failed(&io_failure(format!("cannot block signals: {e}")));
+    }
+    let _lock = match lock_image(image) {
+        Ok(Some(lock)) => lock,
+        Ok(None) => {
+            let text = format!("{} is in use: another tally mount serves it", image.display());
+            return notify.failed(&bad(text));
+        }
+        Err(stop) => return notify.failed(&stop),
+    };
+    let dev = match FileDevice::open(image, FileOptions::default()) {
+        Ok(dev) => dev,
+        Err(e) => {
+            return notify.failed(&io_failure(format!("cannot open {}: {e}", image.display())))
+        }
+    };
+    let fs = match Fs::mount(Arc::new(dev), MountOptions::default()) {
+        Ok(fs) => fs,
+        Err(e @ (tally_fs::FsError::Corrupted(_) | tally_fs::FsError::Log(_))) => {
+            let text = format!("cannot mount {} (is it a Tally image?): {e}", image.display());
+            return notify.failed(&bad(text));
+        }
+        Err(e) => {
+            return notify.failed(&io_failure(format!("cannot mount {}: {e}", image.display())))
+        }
+    };
+    let r = fs.mount_report();
+    tracing::info!(
+        image = %image.display(),
+        from_snapshot = r.from_snapshot,
+        blocks_read = r.blocks_read,
+        transactions_replayed = r.transactions_replayed,
+        inodes = r.inodes,
+        orphans_freed = r.orphans_freed,
+        "file system ready in {:?}",
+        r.time
+    );
+    let mounted = match tally_fuse::mount(fs, dir, &cfg) {
+        Ok(m) => m,
+        Err(e) => {
+            let text = format!("cannot mount on {}: {e}", dir.display());
+            return notify.failed(&io_failure(text));
+        }
+    };
+    if let Err(e) = mounted.unmount_on_signals() {
+        return notify.failed(&io_failure(format!("cannot start the signal thread: {e}")));
+    }
+    tracing::info!(dir = %dir.display(), threads = cfg.threads, "serving");
+    notify.ready(image, dir);
+    match mounted.run() {
+        Ok(Unmounted::Clean) => {
+            tracing::info!("{} unmounted cleanly", dir.display());
+            ExitCode::SUCCESS
+        }
+        Ok(other) => {
+            tracing::error!("{} unmounted: {other:?}", dir.display());
+            ExitCode::from(EXIT_IO_FAILURE)
+        }
+        Err(e) => {
+            tracing::error!("the FUSE session failed: {e}");
+            ExitCode::from(EXIT_IO_FAILURE)
+        }
+    }
+}
+
+/// Run `tally umount`.
+pub fn run_umount(args: &UmountArgs) -> ExitCode {
+    match umount(args) {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(stop) => {
+            eprintln!("tally umount: error: {}", stop.text);
+            ExitCode::from(stop.code)
+        }
+    }
+}
+
+fn umount(args: &UmountArgs) -> Result<String, Stop> {
+    let dir = std::fs::canonicalize(&args.dir)
+        .map_err(|e| bad(format!("{}: {e}", args.dir.display())))?;
+    let (source, fstype) =
+        find_mount(&dir).ok_or_else(|| bad(format!("{} is not a mount point", dir.display())))?;
+    if fstype != "fuse" && fstype != "fuse.tally" {
+        return Err(bad(format!("{} is a {fstype} mount, not a Tally one", dir.display())));
+    }
+    tally_fuse::unmount_dir(&dir, args.lazy).map_err(|e| {
+        if e.raw_os_error() == Some(libc::EBUSY) {
+            io_failure(format!(
+                "{} is busy (open files, or a process inside it): close them, or give --lazy",
+                dir.display()
+            ))
+        } else {
+            io_failure(format!("cannot unmount {}: {e}", dir.display()))
+        }
+    })?;
+    // The daemon holds a lock on its image until it has written the snapshot and exited.
+    let image = PathBuf::from(&source);
+    let Ok(file) = File::open(&image) else {
+        return Ok(format!(
+            "unmounted {} (source {source:?} is not a file to wait on)",
+            dir.display()
+        ));
+    };
+    let deadline = Instant::now() + Duration::from_secs(args.timeout);
+    loop {
+        // SAFETY: flock on a descriptor owned by `file`.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(format!(
+                "unmounted {}; the daemon has made {} durable and exited",
+                dir.display(),
+                image.display()
+            ));
+        }
+        if Instant::now() >= deadline {
+            return Err(io_failure(format!(
+                "unmounted {}, but the daemon still holds {} after {} s",
+                dir.display(),
+                image.display(),
+                args.timeout
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Source and type of the mount at `dir`, from `/proc/self/mounts` (the last one wins: it
+/// is the one on top).
+fn find_mount(dir: &Path) -> Option<(String, String)> {
+    let table = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    let want = dir.to_string_lossy();
+    table.lines().rev().find_map(|line| {
+        let mut f = line.split(' ');
+        let (source, point, fstype) = (f.next()?, f.next()?, f.next()?);
+        (unescape(point) == want).then(|| (unescape(source), fstype.to_owned()))
+    })
+}
+
+/// Undo the octal escapes of `/proc/self/mounts` (`\040` for a space, …).
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .and_then(|d| d.iter().try_fold(0u8, |v, c| v.checked_mul(8)?.checked_add(c - b'0')));
+        match (bytes[i], octal) {
+            (b'\\', Some(byte)) => {
+                out.push(byte);
+                i += 4;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_table_escapes() {
+        assert_eq!(unescape(r"/mnt/with\040space"), "/mnt/with space");
+        assert_eq!(unescape(r"/plain"), "/plain");
+        assert_eq!(unescape(r"/odd\\x"), r"/odd\\x");
+    }
+
+    #[test]
+    fn default_log_is_named_after_the_directory() {
+        let p = default_log(Path::new("/mnt/my tally"));
+        assert!(p.to_string_lossy().ends_with("tally/mount-mnt_my_tally.log"), "{}", p.display());
+    }
+}
