@@ -812,7 +812,8 @@ impl Log {
         };
         let mut sb = sbs.sb.clone();
         sb.streams[s] = root;
-        self.write_superblock(&mut sbs, sb, true)?;
+        let durable = !self.mutant(Mutant::SegmentsReusedBeforeCheckpointDurable);
+        self.write_superblock(&mut sbs, sb, durable)?;
         drop(sbs);
         let mut space = lock(&self.space);
         for seg in freed {

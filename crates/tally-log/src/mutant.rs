@@ -35,6 +35,10 @@ pub enum Mutant {
     /// A flush round does not wait for orderless commits that are being submitted, so it can
     /// declare them durable before their write exists. A race: only a concurrent test sees it.
     OrderlessSubmitUntracked,
+    /// A checkpoint frees its segments for reuse before the superblock that moves the chain's
+    /// start past them is durable: new transactions can overwrite what a crash still needs
+    /// (the log's "allocator reuse before durability").
+    SegmentsReusedBeforeCheckpointDurable,
     /// A snapshot is trusted after a crash: opening from it leaves the superblock pointing at
     /// it, and open does not check that the snapshot was written for the superblock in force;
     /// after a later crash the stale snapshot comes back and what was written since is lost.
@@ -43,7 +47,7 @@ pub enum Mutant {
 
 impl Mutant {
     /// Every mutant, in a fixed order.
-    pub const ALL: [Mutant; 13] = [
+    pub const ALL: [Mutant; 14] = [
         Mutant::NoPrefixCut,
         Mutant::NoDependencyClosure,
         Mutant::CountOffByOne,
@@ -56,6 +60,7 @@ impl Mutant {
         Mutant::TornTailIsCorruption,
         Mutant::ResumeOverwritesTail,
         Mutant::OrderlessSubmitUntracked,
+        Mutant::SegmentsReusedBeforeCheckpointDurable,
         Mutant::SnapshotKept,
     ];
 
@@ -75,6 +80,9 @@ impl Mutant {
             Mutant::TornTailIsCorruption => "torn-tail-is-corruption",
             Mutant::ResumeOverwritesTail => "resume-overwrites-tail",
             Mutant::OrderlessSubmitUntracked => "orderless-submit-untracked",
+            Mutant::SegmentsReusedBeforeCheckpointDurable => {
+                "segments-reused-before-checkpoint-durable"
+            }
             Mutant::SnapshotKept => "snapshot-trusted-after-crash",
         }
     }
