@@ -11,6 +11,6 @@ pub mod pmem;
 
 pub use device::{
     CompletionPolicy, CrashConfig, CrashDevice, CrashImages, CrashOptions, CrashPoint, CrashReport,
-    FaultPlan,
+    FaultPlan, RecordingDevice,
 };
 pub use pmem::{PmemCrashImages, PmemCrashOptions, PmemSim, PmemSimStats};

@@ -7,55 +7,13 @@
 //!   checked) is caught: a crash after a snapshot mount brings the stale snapshot back and an
 //!   fsynced file is lost.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use tally_crash::{CrashConfig, CrashDevice, CrashOptions, CrashPoint};
+use tally_crash::{CrashConfig, CrashDevice, CrashOptions, CrashPoint, RecordingDevice};
 use tally_fs::{Fs, MkfsOptions, MountOptions, Owner, ROOT};
-use tally_media::{Device, DeviceStats, Geometry, Image, MemDevice, Ticket, Write, WriteFlags};
+use tally_media::{Device, Geometry, Image, MemDevice};
 
 const ME: Owner = Owner { uid: 0, gid: 0 };
-
-/// A `CrashDevice` that keeps a crash point after every submit, wait and flush.
-struct Points {
-    inner: Arc<CrashDevice>,
-    points: Mutex<Vec<CrashPoint>>,
-}
-
-impl Points {
-    fn take(&self) {
-        self.points.lock().unwrap().push(self.inner.crash_point());
-    }
-    fn drain(&self) -> Vec<CrashPoint> {
-        std::mem::take(&mut *self.points.lock().unwrap())
-    }
-}
-
-impl Device for Points {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    fn read(&self, block: u64, buf: &mut [u8]) -> tally_media::Result<()> {
-        self.inner.read(block, buf)
-    }
-    fn submit(&self, writes: Vec<Write>, flags: WriteFlags) -> tally_media::Result<Ticket> {
-        let t = self.inner.submit(writes, flags);
-        self.take();
-        t
-    }
-    fn wait(&self, ticket: Ticket) -> tally_media::Result<()> {
-        let r = self.inner.wait(ticket);
-        self.take();
-        r
-    }
-    fn flush(&self) -> tally_media::Result<()> {
-        let r = self.inner.flush();
-        self.take();
-        r
-    }
-    fn stats(&self) -> DeviceStats {
-        self.inner.stats()
-    }
-}
 
 /// Names and contents of the files in the root.
 fn tree(fs: &Fs) -> Vec<(String, Vec<u8>)> {
@@ -95,8 +53,14 @@ struct Run {
 
 fn run(log_mutant: Option<tally_log::Mutant>) -> Run {
     let geometry = Geometry::new(1024, 1024, 512).unwrap();
-    let crash = Arc::new(CrashDevice::new(geometry, CrashConfig::with_seed(5)));
-    let dev = Arc::new(Points { inner: crash.clone(), points: Mutex::new(Vec::new()) });
+    let dev = RecordingDevice::new(CrashDevice::new(geometry, CrashConfig::with_seed(5)));
+    dev.set_recording(true);
+    // The points since the last call, recording on again.
+    let drain = || {
+        let points = dev.take_points();
+        dev.set_recording(true);
+        points
+    };
     let ddev: Arc<dyn Device> = dev.clone();
     Fs::mkfs(ddev.clone(), &MkfsOptions { streams: 2, segment_blocks: 16, uuid: Some([4; 16]) })
         .unwrap();
@@ -108,9 +72,9 @@ fn run(log_mutant: Option<tally_log::Mutant>) -> Run {
     }
     fs.sync().unwrap();
     let synced = tree(&fs);
-    dev.drain();
+    drain();
     fs.unmount().unwrap();
-    let during_unmount = images(dev.drain());
+    let during_unmount = images(drain());
 
     let fs = Fs::mount(ddev, MountOptions { log_mutant, ..MountOptions::default() }).unwrap();
     assert!(fs.mount_report().from_snapshot);
@@ -119,7 +83,7 @@ fn run(log_mutant: Option<tally_log::Mutant>) -> Run {
     fs.write(None, d.ino, 0, b"fsynced after a snapshot mount").unwrap();
     fs.fsync(d.ino).unwrap();
     // From the snapshot mount (its superblock update included) to the fsync's return.
-    let before_fsync = images(dev.drain());
+    let before_fsync = images(drain());
     let mut must = synced.clone();
     must.push(("d".into(), b"fsynced after a snapshot mount".to_vec()));
     must.sort();
@@ -129,7 +93,7 @@ fn run(log_mutant: Option<tally_log::Mutant>) -> Run {
     fs.write(None, e.ino, 0, &[7u8; 3000]).unwrap();
     fs.rename(None, ROOT, b"b", ROOT, b"bb", tally_fs::RenameFlags::default()).unwrap();
     fs.sync().unwrap();
-    let after_fsync = images(dev.drain());
+    let after_fsync = images(drain());
     drop(fs);
     Run { during_unmount, before_fsync, after_fsync, synced, must }
 }

@@ -63,6 +63,7 @@ mod crash;
 mod enumerate;
 mod fate;
 mod fault;
+mod recording;
 mod sample;
 mod state;
 
@@ -74,6 +75,7 @@ use tally_media::{
 
 pub use crash::{CrashImages, CrashOptions, CrashReport};
 pub use fault::FaultPlan;
+pub use recording::RecordingDevice;
 
 use crash::Plan;
 use state::State;

@@ -10,7 +10,7 @@ use tally_media::{Device, Geometry, Image, MemDevice};
 
 use super::model::{survivor_tags, Invariant, Model, ModelTx, Violation};
 use super::workload::{Op, Workload};
-use crate::{CrashConfig, CrashDevice, CrashOptions, CrashPoint, FaultPlan};
+use crate::{CrashConfig, CrashDevice, CrashOptions, CrashPoint, FaultPlan, RecordingDevice};
 
 /// The image a workload starts from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -199,8 +199,10 @@ impl Explorer {
     pub fn run(&mut self, workload: &Workload, start: Start, branch_all: bool) {
         self.report.workloads += 1;
         let (image, model) = self.start_state(start);
-        let dev =
-            Recording::new(CrashDevice::from_image(image, CrashConfig::with_seed(self.cfg.seed)));
+        let dev = RecordingDevice::new(CrashDevice::from_image(
+            image,
+            CrashConfig::with_seed(self.cfg.seed),
+        ));
         let log = match Log::open(dev.clone(), self.open_options()) {
             Ok((log, _)) => log,
             Err(e) => {
@@ -225,7 +227,7 @@ impl Explorer {
         workload: &Workload,
         start: Start,
         first_op: usize,
-        dev: &Arc<Recording>,
+        dev: &Arc<RecordingDevice>,
         log: Log,
         mut model: Model,
         branch_all: bool,
@@ -236,14 +238,14 @@ impl Explorer {
             if op == Op::Crash {
                 drop(log);
                 let mut images: Vec<Image> =
-                    dev.inner.crash_images(self.crash_options(workload, start, i)).collect();
+                    dev.inner().crash_images(self.crash_options(workload, start, i)).collect();
                 rng.shuffle(&mut images);
                 images.truncate(if branch_all { self.cfg.branch_max } else { 1 });
                 for image in images {
                     if self.done() {
                         return;
                     }
-                    let next = Recording::new(CrashDevice::from_image(
+                    let next = RecordingDevice::new(CrashDevice::from_image(
                         image,
                         CrashConfig::with_seed(rng.u64(..)),
                     ));
@@ -276,7 +278,7 @@ impl Explorer {
                 }
             }
             self.check_point(
-                &dev.inner.crash_point(),
+                &dev.inner().crash_point(),
                 std::slice::from_ref(&model),
                 at,
                 &mut HashSet::new(),
@@ -577,68 +579,6 @@ fn inside_candidates(before: &Model, after: &Model) -> Vec<Model> {
         }
     }
     vec![done, before.clone(), added]
-}
-
-/// The live device of a workload: a crash device that can freeze a crash point after every
-/// submit, wait and flush, so crashes inside one op of the layer above can be explored.
-struct Recording {
-    inner: CrashDevice,
-    points: std::sync::Mutex<Option<Vec<CrashPoint>>>,
-}
-
-impl Recording {
-    fn new(inner: CrashDevice) -> Arc<Self> {
-        Arc::new(Recording { inner, points: std::sync::Mutex::new(None) })
-    }
-
-    fn set_recording(&self, on: bool) {
-        *self.lock() = on.then(Vec::new);
-    }
-
-    fn take_points(&self) -> Vec<CrashPoint> {
-        self.lock().take().unwrap_or_default()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Vec<CrashPoint>>> {
-        self.points.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn freeze(&self) {
-        if let Some(points) = self.lock().as_mut() {
-            points.push(self.inner.crash_point());
-        }
-    }
-}
-
-impl Device for Recording {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    fn read(&self, block: u64, buf: &mut [u8]) -> tally_media::Result<()> {
-        self.inner.read(block, buf)
-    }
-    fn submit(
-        &self,
-        writes: Vec<tally_media::Write>,
-        flags: tally_media::WriteFlags,
-    ) -> tally_media::Result<tally_media::Ticket> {
-        let t = self.inner.submit(writes, flags);
-        self.freeze();
-        t
-    }
-    fn wait(&self, ticket: tally_media::Ticket) -> tally_media::Result<()> {
-        let r = self.inner.wait(ticket);
-        self.freeze();
-        r
-    }
-    fn flush(&self) -> tally_media::Result<()> {
-        let r = self.inner.flush();
-        self.freeze();
-        r
-    }
-    fn stats(&self) -> tally_media::DeviceStats {
-        self.inner.stats()
-    }
 }
 
 /// A record that starts with `tag` and is `len` bytes long (at least 8).

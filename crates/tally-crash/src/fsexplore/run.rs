@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Instant;
 
 use tally_fs::{
@@ -18,7 +18,7 @@ use super::model::{
 use super::workload::{
     pattern, resolve, step_tag, FsOp, FsWorkload, Persist, TxnEnd, WriteKind, START_XATTR,
 };
-use crate::{CrashConfig, CrashDevice, CrashOptions, CrashPoint, FaultPlan};
+use crate::{CrashConfig, CrashDevice, CrashOptions, CrashPoint, FaultPlan, RecordingDevice};
 
 /// What to explore, and how hard.
 #[derive(Debug, Clone)]
@@ -322,7 +322,7 @@ impl FsExplorer {
                 return;
             }
         };
-        let dev = Tap::new(CrashDevice::from_image(
+        let dev = RecordingDevice::new(CrashDevice::from_image(
             start.image.clone(),
             CrashConfig::with_seed(self.cfg.seed),
         ));
@@ -370,7 +370,7 @@ impl FsExplorer {
             if !self.points(&inside, &inside_hist, At { what: "inside op", ..at }) {
                 return;
             }
-            if !self.points(&[dev.inner.crash_point()], &hist, at) {
+            if !self.points(&[dev.inner().crash_point()], &hist, at) {
                 return;
             }
             // The persistence call.
@@ -395,7 +395,7 @@ impl FsExplorer {
             if !self.points(&inside, &before, At { what: "inside persist", ..at }) {
                 return;
             }
-            if !self.points(&[dev.inner.crash_point()], &hist, at) {
+            if !self.points(&[dev.inner().crash_point()], &hist, at) {
                 return;
             }
         }
@@ -867,69 +867,6 @@ pub fn walk(fs: &Fs) -> Result<Tree, String> {
         raw.push(node);
     }
     Ok(Tree::from_raw(raw, false))
-}
-
-/// The live device of a workload: a crash device that freezes a crash point after every submit,
-/// wait and flush while recording, so crashes inside one operation can be explored.
-struct Tap {
-    inner: CrashDevice,
-    points: Mutex<Option<Vec<CrashPoint>>>,
-}
-
-impl Tap {
-    fn new(inner: CrashDevice) -> Arc<Tap> {
-        Arc::new(Tap { inner, points: Mutex::new(None) })
-    }
-
-    fn guard(&self) -> MutexGuard<'_, Option<Vec<CrashPoint>>> {
-        self.points.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn set_recording(&self, on: bool) {
-        *self.guard() = if on { Some(Vec::new()) } else { None };
-    }
-
-    fn take_points(&self) -> Vec<CrashPoint> {
-        self.guard().take().unwrap_or_default()
-    }
-
-    fn snap(&self) {
-        let mut g = self.guard();
-        if let Some(list) = g.as_mut() {
-            list.push(self.inner.crash_point());
-        }
-    }
-}
-
-impl Device for Tap {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    fn read(&self, block: u64, buf: &mut [u8]) -> tally_media::Result<()> {
-        self.inner.read(block, buf)
-    }
-    fn submit(
-        &self,
-        writes: Vec<tally_media::Write>,
-        flags: tally_media::WriteFlags,
-    ) -> tally_media::Result<tally_media::Ticket> {
-        let r = self.inner.submit(writes, flags);
-        self.snap();
-        r
-    }
-    fn wait(&self, ticket: tally_media::Ticket) -> tally_media::Result<()> {
-        let r = self.inner.wait(ticket);
-        self.snap();
-        r
-    }
-    fn flush(&self) -> tally_media::Result<()> {
-        let r = self.inner.flush();
-        self.snap();
-        r
-    }
-    fn stats(&self) -> tally_media::DeviceStats {
-        self.inner.stats()
-    }
 }
 
 /// A fingerprint of an image, for counting distinct states.
