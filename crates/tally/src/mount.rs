@@ -36,8 +36,9 @@ Mount options (-o, comma-separated, repeatable):
 
 The daemon logs to --log (default: $XDG_STATE_HOME/tally/ or ~/.local/state/tally/, \
 named after the mount directory); RUST_LOG=debug logs every failed request. SIGTERM, SIGINT \
-and SIGHUP unmount cleanly (the snapshot is written, so the next mount needs no scan). A \
-daemon killed with SIGKILL loses nothing committed: the next mount recovers from the log.
+and SIGHUP unmount cleanly (the snapshot is written, so the next mount needs no scan). After \
+a daemon is killed with SIGKILL the next mount recovers from the log: everything fsync'd is \
+there, and the rest is a consistent prefix of what was done.
 
 Exit codes: 0 mounted (daemon) or unmounted cleanly (--foreground); 1 I/O error or an \
 unclean unmount; 2 bad arguments, an image in use, or not a Tally image.")]
