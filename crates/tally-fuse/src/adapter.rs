@@ -627,3 +627,39 @@ fn reply_sized(reply: ReplyXattr, size: u32, value: &[u8]) {
         reply.data(value);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tally_fs::{MkfsOptions, MountOptions, ROOT};
+    use tally_media::{Device, MemDevice};
+
+    fn adapter() -> TallyFuse {
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 16384).unwrap());
+        Fs::mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+        let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+        TallyFuse::new(fs, Duration::from_secs(1), Duration::from_secs(60), OutcomeSlot::default())
+    }
+
+    #[test]
+    fn failures_map_through_the_one_function() {
+        let a = adapter();
+        let e = a.call("lookup", |fs| Ok(fs.lookup(ROOT, b"missing")?)).unwrap_err();
+        assert_eq!(e.code(), libc::ENOENT);
+        let e = a.call("x", |_| -> Result<(), Failure> { Err(Failure::Unsupported("x")) });
+        assert_eq!(e.unwrap_err().code(), libc::EOPNOTSUPP);
+        let mut a = a;
+        assert_eq!(a.unmount(), Unmounted::Clean);
+    }
+
+    #[test]
+    fn a_panic_answers_eio_and_stops_the_adapter() {
+        let mut a = adapter();
+        let e = a.call("boom", |_| -> Result<(), Failure> { panic!("deliberate") }).unwrap_err();
+        assert_eq!(e.code(), libc::EIO);
+        // Every later request fails too, even one that would succeed.
+        let e = a.call("getattr", |fs| Ok(fs.getattr(ROOT)?)).unwrap_err();
+        assert_eq!(e.code(), libc::EIO);
+        assert!(matches!(a.unmount(), Unmounted::WithoutSnapshot(_)));
+    }
+}
