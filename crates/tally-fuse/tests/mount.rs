@@ -379,3 +379,48 @@ fn parallel_writers_are_served() {
     assert_eq!(fs::read(m.path("t3-49")).unwrap(), b"3:49");
     assert_eq!(m.unmount(), Unmounted::Clean);
 }
+
+/// Run `cmd` as nobody (uid and gid 65534, no supplementary groups); its exit status.
+fn as_nobody(cmd: &str) -> Option<bool> {
+    let status = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", cmd])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .ok()?;
+    Some(status.success())
+}
+
+#[test]
+fn the_kernel_checks_permissions_for_other_users() {
+    require_fuse!();
+    if as_nobody("true") != Some(true) {
+        eprintln!("skipped: setpriv cannot switch to nobody here");
+        return;
+    }
+    let scratch = Scratch::new("perm");
+    // The test's scratch directory must be reachable by nobody.
+    fs::set_permissions(&scratch.root, fs::Permissions::from_mode(0o755)).unwrap();
+    let m = scratch.mount();
+    fs::write(m.path("secret"), b"root only").unwrap();
+    fs::set_permissions(m.path("secret"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::write(m.path("public"), b"everyone").unwrap();
+    fs::set_permissions(m.path("public"), fs::Permissions::from_mode(0o644)).unwrap();
+    fs::create_dir(m.path("open")).unwrap();
+    fs::set_permissions(m.path("open"), fs::Permissions::from_mode(0o1777)).unwrap();
+    let p = |name: &str| m.path(name).display().to_string();
+
+    assert_eq!(as_nobody(&format!("cat {}", p("public"))), Some(true));
+    assert_eq!(as_nobody(&format!("cat {}", p("secret"))), Some(false), "0600 read by nobody");
+    assert_eq!(as_nobody(&format!("echo x >> {}", p("public"))), Some(false), "0644 written");
+    assert_eq!(as_nobody(&format!("touch {}", p("new"))), Some(false), "created in 0755 root");
+    assert_eq!(as_nobody(&format!("chmod 777 {}", p("public"))), Some(false), "chmod by non-owner");
+    assert_eq!(as_nobody(&format!("touch {}/mine", p("open"))), Some(true));
+    assert_eq!(fs::metadata(m.path("open/mine")).unwrap().uid(), 65534, "owned by its creator");
+    // Sticky directory: root's file in it cannot be removed by nobody.
+    fs::write(m.path("open/roots"), b"").unwrap();
+    assert_eq!(as_nobody(&format!("rm -f {}/roots", p("open"))), Some(false), "sticky bit");
+    assert!(m.path("open/roots").exists());
+    assert_eq!(fs::read(m.path("public")).unwrap(), b"everyone");
+    assert_eq!(m.unmount(), Unmounted::Clean);
+}
