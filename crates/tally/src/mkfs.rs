@@ -29,7 +29,8 @@ Examples:
   tally mkfs /dev/nvme1n1 --force             the whole device, whatever it held
 
 The image is a log of segments (4 MiB each) shared by the streams; one operation or explicit \
-transaction must fit in half a segment. `tally mount IMAGE DIR` serves it.
+transaction must fit in half a segment. The root directory belongs to whoever runs mkfs (mode \
+0755). `tally mount IMAGE DIR` serves it.
 
 Exit codes: 0 made; 1 I/O error; 2 bad arguments; 3 refused (the target holds data or a file \
 system: give --force to overwrite it).")]
@@ -144,13 +145,14 @@ fn make_on(args: &Args) -> Result<String, Stop> {
     let geometry = dev.geometry();
     let opts = MkfsOptions { streams: args.streams, ..MkfsOptions::default() };
     let dev: Arc<dyn Device> = Arc::new(dev);
-    Fs::mkfs(dev, &opts).map_err(|e| match e {
+    Fs::mkfs(dev.clone(), &opts).map_err(|e| match e {
         tally_fs::FsError::Io(_) | tally_fs::FsError::ReadOnly(_) => {
             Stop::Io(format!("mkfs on {shown} failed: {e}"))
         }
         // The rest are shapes the log refuses: too small for the streams, too many streams.
         e => Stop::BadInput(format!("cannot make a file system on {shown}: {e}")),
     })?;
+    give_root_to_caller(dev).map_err(|e| Stop::Io(format!("mkfs on {shown} failed: {e}")))?;
     let bytes = geometry.block_count * u64::from(geometry.block_size);
     Ok(format!(
         "made a Tally file system on {shown}: {} ({} blocks of {} bytes), {} streams, \
@@ -161,6 +163,20 @@ fn make_on(args: &Args) -> Result<String, Stop> {
         opts.streams,
         opts.segment_blocks
     ))
+}
+
+/// The root directory belongs to whoever made the file system (as mke2fs does), so a user can
+/// mount and fill an image they made. Root's own images need nothing: it is created 0:0.
+fn give_root_to_caller(dev: Arc<dyn Device>) -> tally_fs::Result<()> {
+    // SAFETY: geteuid and getegid have no preconditions.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    if uid == 0 && gid == 0 {
+        return Ok(());
+    }
+    let fs = Fs::mount(dev, tally_fs::MountOptions::default())?;
+    let set = tally_fs::SetAttr { uid: Some(uid), gid: Some(gid), ..tally_fs::SetAttr::default() };
+    fs.setattr(None, tally_fs::ROOT, &set)?;
+    fs.unmount()
 }
 
 /// Bytes in the largest binary unit that keeps one decimal.

@@ -101,8 +101,11 @@ pub fn run_mount(args: &MountArgs) -> ExitCode {
             let notify = if args.foreground {
                 Notify::Foreground
             } else {
-                let log = args.log.clone().unwrap_or_else(|| default_log(&dir));
-                match daemonise(&log, &image, &dir) {
+                let (log, log_file) = match open_log(args.log.as_deref(), &dir) {
+                    Ok(opened) => opened,
+                    Err(stop) => return exit(&stop),
+                };
+                match daemonise(&log, log_file, &image, &dir) {
                     Ok(Some(notify)) => notify,
                     Ok(None) => return ExitCode::SUCCESS, // the parent, after a good mount
                     Err(stop) => return exit(&stop),
@@ -160,6 +163,36 @@ fn default_log(dir: &Path) -> PathBuf {
     base.join(format!("mount-{name}.log"))
 }
 
+/// Open the daemon's log for appending: the one asked for, else the default, else the same
+/// name in the temporary directory (a user without a writable home).
+fn open_log(asked: Option<&Path>, dir: &Path) -> Result<(PathBuf, File), Stop> {
+    let open = |log: &Path| -> Result<File, Stop> {
+        if let Some(parent) = log.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| io_failure(format!("log directory {}: {e}", parent.display())))?;
+        }
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(|e| io_failure(format!("log file {}: {e}", log.display())))
+    };
+    if let Some(log) = asked {
+        return Ok((log.to_path_buf(), open(log)?));
+    }
+    let log = default_log(dir);
+    match open(&log) {
+        Ok(file) => Ok((log, file)),
+        Err(first) => {
+            let name = log.file_name().map(PathBuf::from).unwrap_or_default();
+            // SAFETY: getuid has no preconditions.
+            let uid = unsafe { libc::getuid() };
+            let fallback = std::env::temp_dir().join(format!("tally-{uid}")).join(name);
+            open(&fallback).map(|file| (fallback, file)).map_err(|_| first)
+        }
+    }
+}
+
 /// How the daemon tells whoever started it that it is serving, or why not.
 enum Notify {
     /// `--foreground`: print to stderr.
@@ -198,16 +231,7 @@ impl Notify {
 /// Fork. The parent waits for the child's word, prints it and returns `None` (or the error);
 /// the child detaches (new session, stdin and stdout on /dev/null, stderr on the log) and
 /// returns how to notify the parent.
-fn daemonise(log: &Path, image: &Path, dir: &Path) -> Result<Option<Notify>, Stop> {
-    if let Some(parent) = log.parent() {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| io_failure(format!("log directory {}: {e}", parent.display())))?;
-    }
-    let log_file = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .map_err(|e| io_failure(format!("log file {}: {e}", log.display())))?;
+fn daemonise(log: &Path, log_file: File, image: &Path, dir: &Path) -> Result<Option<Notify>, Stop> {
     let null = OpenOptions::new()
         .read(true)
         .write(true)
@@ -336,7 +360,14 @@ fn serve(image: &Path, dir: &Path, cfg: MountConfig, notify: Notify) -> ExitCode
     let mounted = match tally_fuse::mount(fs, dir, &cfg) {
         Ok(m) => m,
         Err(e) => {
-            let text = format!("cannot mount on {}: {e}", dir.display());
+            let mut text = format!("cannot mount on {}: {e}", dir.display());
+            // SAFETY: geteuid has no preconditions.
+            if e.raw_os_error() == Some(libc::EACCES) && unsafe { libc::geteuid() } != 0 {
+                text.push_str(
+                    " (users mount through /dev/fuse, which distributions make mode 0666, and \
+                     fusermount3 from the fuse3 package; or mount as root)",
+                );
+            }
             return notify.failed(&io_failure(text));
         }
     };
