@@ -12,7 +12,9 @@
 //!   goes through this mount, and the kernel drops what a change makes stale, so the cache is
 //!   only ever behind for changes made without the kernel — none today;
 //! - **no writeback cache**: a `write` reaches the file system before it returns, so each write
-//!   is a transaction and `fsync` has nothing of the kernel's to flush first;
+//!   is a transaction and `fsync` has nothing of the kernel's to flush first. With it, the
+//!   kernel would send dirty pages later, merged and in its own order, and a barrier or an
+//!   explicit transaction could no longer say which writes it covers;
 //! - **several request threads** ([`MountConfig::threads`], one `/dev/fuse` clone each):
 //!   `fsync`s wait for the device in parallel while other requests are served.
 //!
