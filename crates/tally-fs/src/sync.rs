@@ -26,3 +26,22 @@ pub(crate) type ThreadId = shuttle::thread::ThreadId;
 /// What [`current_thread`] returns.
 #[cfg(not(shuttle))]
 pub(crate) type ThreadId = std::thread::ThreadId;
+
+/// Wait on `cv` for at most `limit` (under shuttle, which has no clock, until notified).
+#[cfg(not(shuttle))]
+pub(crate) fn wait_timeout<'a, T>(
+    cv: &Condvar,
+    guard: MutexGuard<'a, T>,
+    limit: std::time::Duration,
+) -> MutexGuard<'a, T> {
+    cv.wait_timeout(guard, limit).map_or_else(|e| e.into_inner().0, |(g, _)| g)
+}
+/// Wait on `cv` (shuttle has no clock: until notified).
+#[cfg(shuttle)]
+pub(crate) fn wait_timeout<'a, T>(
+    cv: &Condvar,
+    guard: MutexGuard<'a, T>,
+    _limit: std::time::Duration,
+) -> MutexGuard<'a, T> {
+    cv.wait(guard).unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -114,6 +114,9 @@ pub struct Fs {
     pub(crate) mutant: Option<FsMutant>,
     policy: StreamPolicy,
     report: MountReport,
+    /// Longest wait of an operation outside transactions for one holding what it changes, in
+    /// milliseconds; `u64::MAX`: until it ends ([`Fs::set_txn_wait_max`]).
+    txn_wait_max_ms: std::sync::atomic::AtomicU64,
 }
 
 /// How a mount went.
@@ -253,6 +256,7 @@ impl Fs {
             mutant: opts.mutant,
             policy: opts.streams,
             report,
+            txn_wait_max_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
         };
         // Files that were open when their last link went, and then the crash (or an unmount
         // with handles still open): nobody can reach them any more.
@@ -301,6 +305,16 @@ impl Fs {
         Ok(())
     }
 
+    /// Bound how long an operation outside transactions waits for an explicit transaction
+    /// holding what it changes: after `max` it fails with `EBUSY` (`None`, the default: until
+    /// the transaction ends). A front end whose callers may hold a transaction open across
+    /// requests (the FUSE adapter) bounds it, so a waiting request never holds a request
+    /// thread the transaction itself needs.
+    pub fn set_txn_wait_max(&self, max: Option<std::time::Duration>) {
+        let ms = max.map_or(u64::MAX, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX - 1));
+        self.txn_wait_max_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The log underneath (statistics, cleaning).
     #[must_use]
     pub fn log(&self) -> &Log {
@@ -324,6 +338,7 @@ impl Fs {
         mut f: impl FnMut(&mut State, &mut Cx) -> OpResult<T>,
     ) -> Result<T> {
         let mut st = lock(&self.state);
+        let mut waited_since: Option<std::time::Instant> = None;
         loop {
             if let Some(e) = &st.failed {
                 return Err(FsError::ReadOnly(e.clone()));
@@ -369,7 +384,19 @@ impl Fs {
                 }
                 Err(Stop::Wait) => {
                     cx.rollback(&mut st);
-                    st = self.cv.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let bound = self.txn_wait_max_ms.load(std::sync::atomic::Ordering::Relaxed);
+                    if bound == u64::MAX {
+                        st = self.cv.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
+                        continue;
+                    }
+                    let limit = std::time::Duration::from_millis(bound);
+                    let deadline =
+                        *waited_since.get_or_insert_with(std::time::Instant::now) + limit;
+                    let Some(left) = deadline.checked_duration_since(std::time::Instant::now())
+                    else {
+                        return Err(FsError::Busy);
+                    };
+                    st = crate::sync::wait_timeout(&self.cv, st, left);
                 }
             }
         }
