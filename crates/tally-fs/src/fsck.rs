@@ -6,6 +6,9 @@ use crate::fs::lock;
 use crate::types::{FileKind, Ino, ROOT};
 use crate::Fs;
 
+/// Data blocks checked between two progress reports.
+const PROGRESS_EVERY_BLOCKS: u64 = 1024;
+
 /// What [`Fs::fsck`] found. `problems` empty means clean.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct FsckReport {
@@ -34,8 +37,16 @@ impl Fs {
     /// and that no two blocks share a device block.
     #[must_use]
     pub fn fsck(&self) -> FsckReport {
+        self.fsck_with_progress(&mut |_, _| {})
+    }
+
+    /// [`Fs::fsck`], calling `progress(data_blocks_checked, data_blocks_total)` as it reads
+    /// data blocks (the long part on a large image), for a progress bar.
+    pub fn fsck_with_progress(&self, progress: &mut dyn FnMut(u64, u64)) -> FsckReport {
         let st = lock(&self.state);
         let mut r = FsckReport::default();
+        let data_blocks_total: u64 = st.inodes.values().map(|i| i.blocks.len() as u64).sum();
+        progress(0, data_blocks_total);
         let mut named: HashMap<Ino, u32> = HashMap::new();
         let mut subdirs: HashMap<Ino, u32> = HashMap::new();
         let mut parents: HashMap<Ino, Ino> = HashMap::new();
@@ -107,6 +118,9 @@ impl Fs {
                         .push(format!("inode {ino}: block {b} shares device block {}", block.addr));
                 }
                 r.data_blocks += 1;
+                if r.data_blocks % PROGRESS_EVERY_BLOCKS == 0 {
+                    progress(r.data_blocks, data_blocks_total);
+                }
                 match self.block_bytes(ino, b, block) {
                     Ok(bytes) => {
                         if crc32c::crc32c(&bytes) != block.crc {
@@ -147,6 +161,7 @@ impl Fs {
                 ));
             }
         }
+        progress(r.data_blocks, data_blocks_total);
         let reachable = st.reachable();
         for (&ino, inode) in &st.inodes {
             let open_orphan = inode.attr.nlink == 0 && st.pins.contains_key(&ino);

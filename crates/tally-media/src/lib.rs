@@ -16,6 +16,7 @@ mod error;
 mod file;
 mod image;
 mod mem;
+mod overlay;
 pub mod pmem;
 pub mod probe;
 pub mod scratch;
@@ -30,5 +31,6 @@ pub use file::{
 };
 pub use image::Image;
 pub use mem::MemDevice;
+pub use overlay::OverlayDevice;
 pub use pmem::{FlushKind, Pmem, PmemDevice, PmemError, PmemMode, PmemOptions, PmemStats};
 pub use stats::{Counters, DeviceStats};

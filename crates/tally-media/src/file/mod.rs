@@ -36,6 +36,7 @@ use threads::ThreadPool;
 use tracker::{Failure, Tracker};
 use uring::Uring;
 
+pub(crate) use sys::block_device_shape;
 pub(crate) use sys::fallocate;
 
 /// Default block size of a `FileDevice` on a regular file.
