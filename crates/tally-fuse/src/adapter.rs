@@ -2,8 +2,11 @@
 //!
 //! Invariants:
 //! - the adapter keeps no file-system state of its own: no inode table, no lookup counts, no
-//!   buffered data. Inode numbers are the file system's; a file handle is always 0, and an open
-//!   handle is a pin ([`Fs::open`]) released by `release`/`releasedir`;
+//!   buffered data. Inode numbers are the file system's; a file handle is a number unique for
+//!   the mount (it names the owner of a transaction, `txns.rs`), and an open handle is a pin
+//!   ([`Fs::open`]) released by `release`/`releasedir`;
+//! - every changing request runs in the caller's transaction when it is bound to one
+//!   ([`TallyFuse::change`]), and as a plain operation otherwise;
 //! - every failure reaches the kernel through [`errno`], the one mapping;
 //! - no request can panic the daemon: each call into the file system runs under
 //!   `catch_unwind`; a panic (a bug) answers `EIO` and stops the adapter (fail-stop: every later
@@ -15,20 +18,22 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
     Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, TimeOrNow, WriteFlags,
+    IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use tally_fs::{Attr, FallocFlags, Fs, FsError, Maintenance, Owner, SetAttr, XattrSet};
+use tally_client::ioctl;
+use tally_fs::{Attr, FallocFlags, Fs, FsError, Maintenance, Owner, SetAttr, Txn, XattrSet};
 
 use crate::attr::{file_attr, file_type, mknod_kind, perm, set_time, timespec};
 use crate::errno::{errno, Failure};
+use crate::txns::{End, Txns};
 
 /// How the last unmount of the file system went.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,19 +66,73 @@ pub struct TallyFuse {
     /// Set after a panic inside the file system: every later request fails with `EIO`.
     stopped: AtomicBool,
     outcome: OutcomeSlot,
+    /// Explicit transactions begun by ioctl.
+    txns: Txns,
+    /// The next file handle (0 is never handed out).
+    next_fh: AtomicU64,
 }
 
 impl TallyFuse {
-    /// Serve `fs`, running its maintenance every `maintenance_interval`.
+    /// Serve `fs`, running its maintenance every `maintenance_interval`; a plain request
+    /// waits at most `txn_wait` for a transaction holding what it changes, then gets `EBUSY`.
     pub(crate) fn new(
         fs: Fs,
         ttl: Duration,
         maintenance_interval: Duration,
+        txn_wait: Duration,
+        txns: Txns,
         outcome: OutcomeSlot,
     ) -> TallyFuse {
+        // A request waiting for a transaction holds one of a few request threads; unbounded,
+        // enough of them would leave none for the transaction's own requests, and its commit.
+        fs.set_txn_wait_max(Some(txn_wait));
         let fs = Arc::new(fs);
         let maintenance = Some(Maintenance::spawn(&fs, maintenance_interval));
-        TallyFuse { fs: Some(fs), maintenance, ttl, stopped: AtomicBool::new(false), outcome }
+        TallyFuse {
+            fs: Some(fs),
+            maintenance,
+            ttl,
+            stopped: AtomicBool::new(false),
+            outcome,
+            txns,
+            next_fh: AtomicU64::new(1),
+        }
+    }
+
+    /// Run a changing request, inside the caller's transaction when it is bound to one;
+    /// `inodes` and `entries` are what it may change (dropped from the kernel's caches if the
+    /// transaction aborts).
+    fn change<T>(
+        &self,
+        req: &Request,
+        op: &'static str,
+        inodes: &[u64],
+        entries: &[(u64, &OsStr)],
+        f: impl FnOnce(&Fs, Option<&Txn>) -> Result<T, Failure>,
+    ) -> Result<T, Errno> {
+        let bound = self.txns.route(req.pid());
+        let guard = bound.as_ref().map(|b| b.read());
+        let txn = guard.as_ref().and_then(|g| g.as_ref());
+        if let (Some(b), Some(_)) = (&bound, txn) {
+            b.touch(inodes, entries);
+        }
+        self.call(op, |fs| f(fs, txn))
+    }
+
+    /// A new file handle.
+    fn fh(&self) -> FileHandle {
+        FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// A handle is closed for good: abort the transaction it owns, if any.
+    fn abort_owned(&self, fh: FileHandle) {
+        if !self.txns.owns(fh.0) {
+            return;
+        }
+        match self.call("release", |fs| self.txns.end(fs, fh.0, End::Abort)) {
+            Ok(()) => tracing::info!(fh = fh.0, "transaction aborted: its open file was closed"),
+            Err(e) => tracing::warn!(fh = fh.0, "abort at close: {e:?}"),
+        }
     }
 
     /// Run `f` on the file system, catching a panic (fail-stop) and mapping a failure to its
@@ -145,6 +204,10 @@ impl TallyFuse {
         let Some(fs) = self.fs.take() else {
             return Unmounted::WithoutSnapshot("already unmounted".into());
         };
+        // Open handles (and so transactions) outlive a lazy unmount; nobody can commit them now.
+        if catch_unwind(AssertUnwindSafe(|| self.txns.abort_all(&fs))).is_err() {
+            self.stopped.store(true, Ordering::Release);
+        }
         let stopped = self.stopped.load(Ordering::Acquire);
         match Arc::try_unwrap(fs) {
             Ok(fs) if !stopped => match fs.unmount() {
@@ -210,7 +273,7 @@ impl Filesystem for TallyFuse {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -235,7 +298,10 @@ impl Filesystem for TallyFuse {
             mtime: mtime.map(set_time),
             ctime: ctime.map(timespec),
         };
-        match self.call("setattr", |fs| Ok(Self::attr_of(fs, &fs.setattr(None, ino.0, &set)?))) {
+        let r = self.change(req, "setattr", &[ino.0], &[], |fs, tx| {
+            Ok(Self::attr_of(fs, &fs.setattr(tx, ino.0, &set)?))
+        });
+        match r {
             Ok(attr) => reply.attr(&self.ttl, &attr),
             Err(e) => reply.error(e),
         }
@@ -258,11 +324,11 @@ impl Filesystem for TallyFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let r = self.call("mknod", |fs| {
+        let r = self.change(req, "mknod", &[], &[(parent.0, n)], |fs, tx| {
             let kind = mknod_kind(mode)
                 .ok_or(FsError::Invalid("mknod makes files, fifos, sockets and device nodes"))?;
             let a =
-                fs.mknod(None, parent.0, name(n), kind, perm(mode), u64::from(rdev), owner(req))?;
+                fs.mknod(tx, parent.0, name(n), kind, perm(mode), u64::from(rdev), owner(req))?;
             Ok(Self::attr_of(fs, &a))
         });
         self.reply_entry(reply, r);
@@ -277,18 +343,26 @@ impl Filesystem for TallyFuse {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        let r = self.call("mkdir", |fs| {
-            Ok(Self::attr_of(fs, &fs.mkdir(None, parent.0, name(n), perm(mode), owner(req))?))
+        let r = self.change(req, "mkdir", &[], &[(parent.0, n)], |fs, tx| {
+            Ok(Self::attr_of(fs, &fs.mkdir(tx, parent.0, name(n), perm(mode), owner(req))?))
         });
         self.reply_entry(reply, r);
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        Self::reply_empty(reply, self.call("unlink", |fs| Ok(fs.unlink(None, parent.0, name(n))?)));
+    fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        let inodes = self.child_of(parent, n);
+        let r = self.change(req, "unlink", &inodes, &[(parent.0, n)], |fs, tx| {
+            Ok(fs.unlink(tx, parent.0, name(n))?)
+        });
+        Self::reply_empty(reply, r);
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        Self::reply_empty(reply, self.call("rmdir", |fs| Ok(fs.rmdir(None, parent.0, name(n))?)));
+    fn rmdir(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        let inodes = self.child_of(parent, n);
+        let r = self.change(req, "rmdir", &inodes, &[(parent.0, n)], |fs, tx| {
+            Ok(fs.rmdir(tx, parent.0, name(n))?)
+        });
+        Self::reply_empty(reply, r);
     }
 
     fn symlink(
@@ -299,16 +373,16 @@ impl Filesystem for TallyFuse {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let r = self.call("symlink", |fs| {
+        let r = self.change(req, "symlink", &[], &[(parent.0, link_name)], |fs, tx| {
             let target = target.as_os_str().as_bytes();
-            Ok(Self::attr_of(fs, &fs.symlink(None, parent.0, name(link_name), target, owner(req))?))
+            Ok(Self::attr_of(fs, &fs.symlink(tx, parent.0, name(link_name), target, owner(req))?))
         });
         self.reply_entry(reply, r);
     }
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         n: &OsStr,
         newparent: INodeNo,
@@ -316,7 +390,10 @@ impl Filesystem for TallyFuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let r = self.call("rename", |fs| {
+        let mut inodes = self.child_of(parent, n);
+        inodes.extend(self.child_of(newparent, newname));
+        let entries = [(parent.0, n), (newparent.0, newname)];
+        let r = self.change(req, "rename", &inodes, &entries, |fs, tx| {
             let known = RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE;
             if flags.contains(RenameFlags::RENAME_WHITEOUT) {
                 return Err(Failure::Unsupported("RENAME_WHITEOUT"));
@@ -328,28 +405,28 @@ impl Filesystem for TallyFuse {
                 noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
                 exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
             };
-            Ok(fs.rename(None, parent.0, name(n), newparent.0, name(newname), how)?)
+            Ok(fs.rename(tx, parent.0, name(n), newparent.0, name(newname), how)?)
         });
         Self::reply_empty(reply, r);
     }
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let r = self.call("link", |fs| {
-            Ok(Self::attr_of(fs, &fs.link(None, ino.0, newparent.0, name(newname))?))
+        let r = self.change(req, "link", &[ino.0], &[(newparent.0, newname)], |fs, tx| {
+            Ok(Self::attr_of(fs, &fs.link(tx, ino.0, newparent.0, name(newname))?))
         });
         self.reply_entry(reply, r);
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.call("open", |fs| Ok(fs.open(ino.0)?)) {
-            Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Ok(()) => reply.opened(self.fh(), FopenFlags::empty()),
             Err(e) => reply.error(e),
         }
     }
@@ -374,7 +451,7 @@ impl Filesystem for TallyFuse {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -384,7 +461,9 @@ impl Filesystem for TallyFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.call("write", |fs| Ok(fs.write(None, ino.0, offset, data)?)) {
+        match self
+            .change(req, "write", &[ino.0], &[], |fs, tx| Ok(fs.write(tx, ino.0, offset, data)?))
+        {
             // A write is at most the kernel's max_write (far below 4 GiB).
             Ok(n) => reply.written(u32::try_from(n).unwrap_or(u32::MAX)),
             Err(e) => reply.error(e),
@@ -408,12 +487,13 @@ impl Filesystem for TallyFuse {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.abort_owned(fh);
         Self::reply_empty(reply, self.call("release", |fs| Ok(fs.release(ino.0)?)));
     }
 
@@ -433,7 +513,7 @@ impl Filesystem for TallyFuse {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.call("opendir", |fs| Ok(fs.open(ino.0)?)) {
-            Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Ok(()) => reply.opened(self.fh(), FopenFlags::empty()),
             Err(e) => reply.error(e),
         }
     }
@@ -471,10 +551,11 @@ impl Filesystem for TallyFuse {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        self.abort_owned(fh);
         Self::reply_empty(reply, self.call("releasedir", |fs| Ok(fs.release(ino.0)?)));
     }
 
@@ -510,7 +591,7 @@ impl Filesystem for TallyFuse {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         n: &OsStr,
         value: &[u8],
@@ -518,7 +599,7 @@ impl Filesystem for TallyFuse {
         position: u32,
         reply: ReplyEmpty,
     ) {
-        let r = self.call("setxattr", |fs| {
+        let r = self.change(req, "setxattr", &[ino.0], &[], |fs, tx| {
             if position != 0 {
                 return Err(FsError::Invalid("xattr position (macOS resource forks)").into());
             }
@@ -528,7 +609,7 @@ impl Filesystem for TallyFuse {
                 libc::XATTR_REPLACE => XattrSet::Replace,
                 _ => return Err(FsError::Invalid("setxattr flags").into()),
             };
-            Ok(fs.setxattr(None, ino.0, name(n), value, how)?)
+            Ok(fs.setxattr(tx, ino.0, name(n), value, how)?)
         });
         Self::reply_empty(reply, r);
     }
@@ -554,8 +635,10 @@ impl Filesystem for TallyFuse {
         }
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        let r = self.call("removexattr", |fs| Ok(fs.removexattr(None, ino.0, name(n))?));
+    fn removexattr(&self, req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        let r = self.change(req, "removexattr", &[ino.0], &[], |fs, tx| {
+            Ok(fs.removexattr(tx, ino.0, name(n))?)
+        });
         Self::reply_empty(reply, r);
     }
 
@@ -578,22 +661,40 @@ impl Filesystem for TallyFuse {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let r = self.call("create", |fs| {
-            let a = fs.create(None, parent.0, name(n), perm(mode), owner(req))?;
+        let r = self.change(req, "create", &[], &[(parent.0, n)], |fs, tx| {
+            let a = fs.create(tx, parent.0, name(n), perm(mode), owner(req))?;
             fs.open(a.ino)?;
             Ok(Self::attr_of(fs, &a))
         });
         match r {
             Ok(attr) => {
-                reply.created(&self.ttl, &attr, Generation(0), FileHandle(0), FopenFlags::empty())
+                reply.created(&self.ttl, &attr, Generation(0), self.fh(), FopenFlags::empty())
             }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // Files and directories alike (the kernel sends FUSE_IOCTL_DIR for a directory).
+        match self.transaction_ioctl(req, ino, fh, cmd, out_size) {
+            Ok(data) => reply.ioctl(0, &data),
             Err(e) => reply.error(e),
         }
     }
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -601,7 +702,7 @@ impl Filesystem for TallyFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let r = self.call("fallocate", |fs| {
+        let r = self.change(req, "fallocate", &[ino.0], &[], |fs, tx| {
             if mode & !(FALLOC_KEEP_SIZE | FALLOC_PUNCH_HOLE) != 0 {
                 return Err(Failure::Unsupported("fallocate mode"));
             }
@@ -609,9 +710,59 @@ impl Filesystem for TallyFuse {
                 keep_size: mode & FALLOC_KEEP_SIZE != 0,
                 punch_hole: mode & FALLOC_PUNCH_HOLE != 0,
             };
-            Ok(fs.fallocate(None, ino.0, offset, length, flags)?)
+            Ok(fs.fallocate(tx, ino.0, offset, length, flags)?)
         });
         Self::reply_empty(reply, r);
+    }
+}
+
+impl TallyFuse {
+    /// The inode `name` in `parent` names now, if any (its cached attributes are dropped too
+    /// if a transaction that unlinks or renames it aborts).
+    fn child_of(&self, parent: INodeNo, n: &OsStr) -> Vec<u64> {
+        if self.txns.is_idle() {
+            return Vec::new();
+        }
+        self.call("lookup", |fs| Ok(fs.lookup(parent.0, name(n))?))
+            .map_or_else(|_| Vec::new(), |a| vec![a.ino])
+    }
+
+    /// One of `tally-client`'s ioctls; its reply data (8 bytes for the `_IOR` ones).
+    fn transaction_ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        cmd: u32,
+        out_size: u32,
+    ) -> Result<Vec<u8>, Errno> {
+        let id_reply = |id: u64| {
+            if out_size < 8 {
+                return Err(errno(&Failure::Fs(FsError::Invalid("ioctl buffer under 8 bytes"))));
+            }
+            Ok(id.to_ne_bytes().to_vec())
+        };
+        match cmd {
+            ioctl::BEGIN | ioctl::BEGIN_TREE => {
+                let tree = cmd == ioctl::BEGIN_TREE;
+                let id = self.call("begin", |fs| self.txns.begin(fs, fh.0, req.pid(), tree))?;
+                id_reply(id)
+            }
+            ioctl::COMMIT => {
+                self.call("commit", |fs| self.txns.end(fs, fh.0, End::Commit)).map(|()| Vec::new())
+            }
+            ioctl::COMMIT_DURABLE => self
+                .call("commit_durable", |fs| self.txns.end(fs, fh.0, End::CommitDurable))
+                .map(|()| Vec::new()),
+            ioctl::ABORT => {
+                self.call("abort", |fs| self.txns.end(fs, fh.0, End::Abort)).map(|()| Vec::new())
+            }
+            ioctl::BARRIER => {
+                self.call("barrier", |fs| Ok(fs.barrier(ino.0)?)).map(|()| Vec::new())
+            }
+            ioctl::CURRENT => id_reply(self.txns.current(req.pid())),
+            _ => Err(Errno::from_i32(libc::ENOTTY)),
+        }
     }
 }
 
@@ -638,7 +789,8 @@ mod tests {
         let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 16384).unwrap());
         Fs::mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
         let fs = Fs::mount(dev, MountOptions::default()).unwrap();
-        TallyFuse::new(fs, Duration::from_secs(1), Duration::from_secs(60), OutcomeSlot::default())
+        let (second, minute) = (Duration::from_secs(1), Duration::from_secs(60));
+        TallyFuse::new(fs, second, minute, second, Txns::default(), OutcomeSlot::default())
     }
 
     #[test]

@@ -18,6 +18,13 @@
 //! - **several request threads** ([`MountConfig::threads`], one `/dev/fuse` clone each):
 //!   `fsync`s wait for the device in parallel while other requests are served.
 //!
+//! **Transactions for unmodified programs**: the ioctls of the `tally-client` crate (and
+//! `include/tally.h`) on any open file or directory of the mount begin a transaction bound to
+//! the calling process or to its process tree, and commit, commit durably or abort it; every
+//! change a bound process makes goes into it (`txns.rs`; `docs/TRANSACTIONS.md`). A plain
+//! request that touches what an open transaction holds waits at most
+//! [`MountConfig::txn_wait`], then gets `EBUSY`.
+//!
 //! While mounted, a [`tally_fs::Maintenance`] thread makes committed changes durable and cleans
 //! every [`MountConfig::maintenance_interval`]; the kernel's unmount (or a signal, see
 //! [`Mounted::unmount_on_signals`]) ends the session and unmounts the file system cleanly,
@@ -45,8 +52,10 @@ mod adapter;
 mod attr;
 mod errno;
 mod session;
+mod txns;
 
 pub use adapter::{TallyFuse, Unmounted};
 pub use session::{
     block_termination_signals, mount, parse_options, unmount_dir, MountConfig, Mounted,
 };
+pub use txns::FuseMutant;

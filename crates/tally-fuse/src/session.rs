@@ -11,13 +11,14 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use fuser::{Config, MountOption, SessionACL};
 use tally_fs::Fs;
 
 use crate::adapter::{OutcomeSlot, TallyFuse, Unmounted};
+use crate::txns::{FuseMutant, Txns};
 
 /// How to mount.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,9 +28,16 @@ pub struct MountConfig {
     /// Threads reading requests from the kernel.
     pub threads: usize,
     /// How long the kernel may cache attributes and directory entries. Short, because the
-    /// file system can change under the cache only through the mount itself, but `tally
-    /// atomic`'s aborts (issue #5, later) roll changes back behind the kernel's back.
+    /// file system can change under the cache only through the mount itself; an aborted
+    /// transaction rolls changes back behind the kernel's back, and drops what it changed from
+    /// the kernel's caches itself.
     pub ttl: Duration,
+    /// How long a request outside transactions waits for one holding what it changes before
+    /// it gets `EBUSY` (`-o txn_wait_ms=N`). Bounded, because a waiting request holds one of
+    /// the [`MountConfig::threads`] the transaction's own requests need.
+    pub txn_wait: Duration,
+    /// A deliberately broken variant of the adapter (needs the `mutants` feature).
+    pub mutant: Option<FuseMutant>,
     /// How often the maintenance thread makes changes durable and cleans.
     pub maintenance_interval: Duration,
     /// Source shown in `/proc/mounts` (the image path).
@@ -44,6 +52,8 @@ impl Default for MountConfig {
             allow_other: false,
             threads: std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)),
             ttl: Duration::from_secs(1),
+            txn_wait: Duration::from_millis(100),
+            mutant: None,
             maintenance_interval: Duration::from_secs(5),
             fsname: "tally".into(),
             options: Vec::new(),
@@ -69,10 +79,17 @@ pub fn parse_options(list: &str, cfg: &mut MountConfig) -> Result<(), String> {
             "default_permissions" => {}
             "allow_other" | "allow_root" => cfg.allow_other = true,
             "ro" => return Err("read-only mounts are not supported yet".into()),
+            o if o.starts_with("txn_wait_ms=") => {
+                let ms = o["txn_wait_ms=".len()..]
+                    .parse::<u64>()
+                    .map_err(|_| format!("{o:?}: txn_wait_ms takes milliseconds, e.g. 100"))?;
+                cfg.txn_wait = Duration::from_millis(ms);
+            }
             o if PASSED_THROUGH.contains(&o) => cfg.options.push(o.to_owned()),
             o => {
                 return Err(format!(
-                    "unknown mount option {o:?} (known: default_permissions, allow_other, {})",
+                    "unknown mount option {o:?} (known: default_permissions, allow_other, \
+                     txn_wait_ms=N, {})",
                     PASSED_THROUGH.join(", ")
                 ))
             }
@@ -112,8 +129,17 @@ pub struct Mounted {
 /// # Errors
 /// The kernel's or fusermount's refusal (no `/dev/fuse`, not a directory, no permission).
 pub fn mount(fs: Fs, dir: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
+    if cfg.mutant.is_some() && !cfg!(feature = "mutants") {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a mutant needs a build with the `mutants` feature",
+        ));
+    }
     let outcome: OutcomeSlot = Arc::new(Mutex::new(None));
-    let adapter = TallyFuse::new(fs, cfg.ttl, cfg.maintenance_interval, outcome.clone());
+    let notifier = Arc::new(OnceLock::new());
+    let txns = Txns::new(notifier.clone(), cfg.mutant);
+    let adapter =
+        TallyFuse::new(fs, cfg.ttl, cfg.maintenance_interval, cfg.txn_wait, txns, outcome.clone());
     let mut options = vec![
         MountOption::FSName(cfg.fsname.clone()),
         MountOption::Subtype("tally".into()),
@@ -126,6 +152,8 @@ pub fn mount(fs: Fs, dir: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
     config.n_threads = Some(cfg.threads.max(1));
     config.clone_fd = true;
     let session = fuser::Session::new(adapter, dir, &config)?;
+    // Set before any request is served (run() has not started): aborts can invalidate.
+    let _ = notifier.set(session.notifier());
     Ok(Mounted { session, outcome, dir: dir.to_path_buf() })
 }
 
@@ -245,8 +273,10 @@ mod tests {
     #[test]
     fn options_parse_and_refuse_the_unknown() {
         let mut cfg = MountConfig::default();
-        parse_options("default_permissions,allow_other, noatime", &mut cfg).unwrap();
+        parse_options("default_permissions,allow_other, noatime,txn_wait_ms=7", &mut cfg).unwrap();
         assert!(cfg.allow_other);
+        assert_eq!(cfg.txn_wait, Duration::from_millis(7));
+        assert!(parse_options("txn_wait_ms=soon", &mut cfg).is_err());
         assert_eq!(cfg.options, ["noatime"]);
         assert!(parse_options("ro", &mut cfg).is_err());
         let e = parse_options("bogus", &mut cfg).unwrap_err();

@@ -1,0 +1,334 @@
+//! Explicit transactions for unmodified programs: the ioctls of `tally-client` (and
+//! `include/tally.h`), which requests go into which transaction, and how one ends.
+//!
+//! Invariants:
+//! - a transaction is **owned** by the open file (file handle) that began it: only an ioctl on
+//!   that handle commits or aborts it, and its `release` (the last close of every copy of it,
+//!   including a process's death) aborts it if still open. So every transaction ends;
+//! - a transaction is **bound** to a thread group (`BEGIN`) or to a thread group and all its
+//!   descendants (`BEGIN_TREE`, found by walking `PPid` in `/proc`). Every changing request from
+//!   a bound caller runs with `Some(&txn)`; no other request does. A process bound both ways
+//!   goes into its own process's transaction, else into its nearest tree root's;
+//! - a request routed into a transaction holds the transaction's read lock while it runs, and
+//!   ending it takes the write lock, so no routed request is half inside: it ran in the
+//!   transaction before the end, or runs after it as a plain operation;
+//! - after an abort (or a failed commit, which aborts) every inode and entry the transaction
+//!   changed is invalidated in the kernel's caches before the ioctl returns, so `stat` and
+//!   `read` show the old state at once;
+//! - `/proc` is read only while a transaction is open; otherwise routing costs one atomic load.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard};
+
+use fuser::{INodeNo, Notifier};
+use tally_fs::{Fs, FsError, Txn};
+
+use crate::errno::Failure;
+
+/// Deliberately broken variants of the adapter (selectable only with the `mutants` feature), so
+/// the transaction tests are shown to catch what they claim to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FuseMutant {
+    /// No request is ever routed into a transaction: begin and commit succeed, but every
+    /// change is a plain operation, so abort undoes nothing.
+    RouteNothing,
+    /// Abort undoes the transaction but leaves the kernel's caches alone: attributes and pages
+    /// cached before the abort are shown until they expire.
+    NoInvalidation,
+}
+
+/// Longest parent chain followed when looking for a tree's root (deeper callers are outside).
+const LINEAGE_DEPTH_MAX: usize = 128;
+
+/// Which callers a transaction takes in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// One thread group.
+    Process(u32),
+    /// A thread group and every process below it.
+    Tree(u32),
+}
+
+/// What a transaction changed, for the kernel's caches after an abort.
+#[derive(Debug, Default)]
+struct Touched {
+    inodes: HashSet<u64>,
+    entries: HashSet<(u64, Vec<u8>)>,
+}
+
+/// An open transaction and what it is bound to.
+pub(crate) struct Bound {
+    id: u64,
+    scope: Scope,
+    /// `None` once ended; requests routed here after that run as plain operations.
+    txn: RwLock<Option<Txn>>,
+    touched: Mutex<Touched>,
+}
+
+impl Bound {
+    /// The transaction for a request to run in, held until the guard drops.
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, Option<Txn>> {
+        self.txn.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Note what a request in this transaction changes.
+    pub(crate) fn touch(&self, inodes: &[u64], entries: &[(u64, &OsStr)]) {
+        let mut t = self.touched.lock().unwrap_or_else(PoisonError::into_inner);
+        t.inodes.extend(inodes.iter().copied());
+        for &(dir, name) in entries {
+            t.inodes.insert(dir);
+            t.entries.insert((dir, name.as_bytes().to_vec()));
+        }
+    }
+}
+
+/// How to end a transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    Commit,
+    CommitDurable,
+    Abort,
+}
+
+/// Every open transaction of the mount.
+#[derive(Default)]
+pub(crate) struct Txns {
+    by_owner: Mutex<HashMap<u64, Arc<Bound>>>,
+    /// Open transactions; routing looks at `/proc` only when this is not 0.
+    open_count: AtomicUsize,
+    /// Set once the session exists; `None` in unit tests without a kernel.
+    notifier: Arc<OnceLock<Notifier>>,
+    mutant: Option<FuseMutant>,
+}
+
+impl Txns {
+    /// No transaction yet; invalidations go through `notifier` once it is set.
+    pub(crate) fn new(notifier: Arc<OnceLock<Notifier>>, mutant: Option<FuseMutant>) -> Txns {
+        Txns { notifier, mutant, ..Txns::default() }
+    }
+
+    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Bound>>> {
+        self.by_owner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The transaction a request from thread `pid` goes into, if any.
+    pub(crate) fn route(&self, pid: u32) -> Option<Arc<Bound>> {
+        if self.open_count.load(Ordering::Acquire) == 0
+            || self.mutant == Some(FuseMutant::RouteNothing)
+        {
+            return None;
+        }
+        let bound: Vec<Arc<Bound>> = self.owners().values().cloned().collect();
+        let trees = bound.iter().any(|b| matches!(b.scope, Scope::Tree(_)));
+        let lineage = lineage(pid, if trees { LINEAGE_DEPTH_MAX } else { 1 });
+        let me = *lineage.first()?;
+        if let Some(b) = bound.iter().find(|b| b.scope == Scope::Process(me)) {
+            return Some(b.clone());
+        }
+        lineage.iter().find_map(|&p| bound.iter().find(|b| b.scope == Scope::Tree(p))).cloned()
+    }
+
+    /// Begin a transaction owned by handle `fh`, bound to the caller (`tree`: and its
+    /// descendants). Returns its id.
+    pub(crate) fn begin(&self, fs: &Fs, fh: u64, pid: u32, tree: bool) -> Result<u64, Failure> {
+        let Some(&tgid) = lineage(pid, 1).first() else {
+            return Err(Failure::Unsupported("a caller the mount's /proc does not show"));
+        };
+        if self.route(pid).is_some() {
+            return Err(FsError::Busy.into());
+        }
+        let mut owners = self.owners();
+        if owners.contains_key(&fh) {
+            return Err(FsError::Busy.into());
+        }
+        let txn = fs.begin()?;
+        let id = txn.id();
+        let scope = if tree { Scope::Tree(tgid) } else { Scope::Process(tgid) };
+        let bound = Bound {
+            id,
+            scope,
+            txn: RwLock::new(Some(txn)),
+            touched: Mutex::new(Touched::default()),
+        };
+        owners.insert(fh, Arc::new(bound));
+        self.open_count.fetch_add(1, Ordering::AcqRel);
+        tracing::debug!(id, ?scope, fh, "transaction begun");
+        Ok(id)
+    }
+
+    /// The id of the transaction a request from `pid` goes into, 0 when none.
+    pub(crate) fn current(&self, pid: u32) -> u64 {
+        self.route(pid).map_or(0, |b| b.id)
+    }
+
+    /// No transaction is open.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.open_count.load(Ordering::Acquire) == 0
+    }
+
+    /// Whether handle `fh` owns a transaction.
+    pub(crate) fn owns(&self, fh: u64) -> bool {
+        self.owners().contains_key(&fh)
+    }
+
+    /// End the transaction handle `fh` owns.
+    pub(crate) fn end(&self, fs: &Fs, fh: u64, how: End) -> Result<(), Failure> {
+        let Some(bound) = self.owners().remove(&fh) else { return Err(FsError::NoTxn.into()) };
+        self.open_count.fetch_sub(1, Ordering::AcqRel);
+        // Waits for requests running inside it to finish.
+        let taken = bound.txn.write().unwrap_or_else(PoisonError::into_inner).take();
+        let Some(txn) = taken else { return Err(FsError::NoTxn.into()) };
+        let result = match how {
+            End::Commit => fs.commit(txn),
+            End::CommitDurable => fs.commit_durable(txn),
+            End::Abort => fs.abort(txn),
+        };
+        tracing::debug!(id = bound.id, ?how, ok = result.is_ok(), "transaction ended");
+        // A failed commit undid the transaction in memory too (or failed the file system).
+        if how == End::Abort || result.is_err() {
+            self.invalidate(&bound);
+        }
+        Ok(result?)
+    }
+
+    /// Abort every open transaction (unmount; no kernel left to tell).
+    pub(crate) fn abort_all(&self, fs: &Fs) {
+        let all: Vec<(u64, Arc<Bound>)> = self.owners().drain().collect();
+        for (_, bound) in all {
+            self.open_count.fetch_sub(1, Ordering::AcqRel);
+            let taken = bound.txn.write().unwrap_or_else(PoisonError::into_inner).take();
+            if let Some(txn) = taken {
+                if let Err(e) = fs.abort(txn) {
+                    tracing::warn!(id = bound.id, "abort at unmount: {e}");
+                }
+            }
+        }
+    }
+
+    /// Drop the kernel's cached attributes, pages and entries of what `bound` changed.
+    fn invalidate(&self, bound: &Bound) {
+        if self.mutant == Some(FuseMutant::NoInvalidation) {
+            return;
+        }
+        let Some(notifier) = self.notifier.get() else { return };
+        let touched =
+            std::mem::take(&mut *bound.touched.lock().unwrap_or_else(PoisonError::into_inner));
+        // Entries first: a name the transaction created must stop resolving to its inode.
+        for (dir, name) in &touched.entries {
+            if let Err(e) = notifier.inval_entry(INodeNo(*dir), OsStr::from_bytes(name)) {
+                tracing::warn!(dir, "invalidating an entry after abort: {e}");
+            }
+        }
+        for &ino in &touched.inodes {
+            // Offset 0, length 0: the attributes and every cached page.
+            if let Err(e) = notifier.inval_inode(INodeNo(ino), 0, 0) {
+                tracing::warn!(ino, "invalidating an inode after abort: {e}");
+            }
+        }
+    }
+}
+
+/// `Tgid` and `PPid` of `/proc/<pid>/status`.
+fn status_of(pid: u32) -> Option<(u32, u32)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |key: &str| {
+        text.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.trim().parse::<u32>().ok())
+    };
+    Some((field("Tgid:")?, field("PPid:")?))
+}
+
+/// The thread group of thread `pid`, then its parent, grandparent, … (at most `depth` entries,
+/// ending before pid 0). Empty when the thread is gone or `pid` is 0 (a request the kernel
+/// makes on its own, or a caller outside the mount's pid namespace).
+fn lineage(pid: u32, depth: usize) -> Vec<u32> {
+    let mut out = Vec::new();
+    if pid == 0 {
+        return out;
+    }
+    let Some((tgid, mut parent)) = status_of(pid) else { return out };
+    out.push(tgid);
+    while out.len() < depth && parent != 0 {
+        out.push(parent);
+        match status_of(parent) {
+            Some((_, p)) => parent = p,
+            None => break,
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use tally_fs::{MkfsOptions, MountOptions, Owner, ROOT};
+    use tally_media::{Device, MemDevice};
+
+    fn fs() -> Fs {
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 16384).unwrap());
+        Fs::mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+        Fs::mount(dev, MountOptions::default()).unwrap()
+    }
+
+    fn me() -> u32 {
+        std::process::id()
+    }
+
+    #[test]
+    fn lineage_walks_up_to_init() {
+        let l = lineage(me(), LINEAGE_DEPTH_MAX);
+        assert_eq!(l.first(), Some(&me()));
+        // SAFETY: getppid has no preconditions.
+        let parent = u32::try_from(unsafe { libc::getppid() }).unwrap();
+        assert_eq!(l.get(1), Some(&parent));
+        assert!(lineage(0, 8).is_empty());
+    }
+
+    #[test]
+    fn the_owner_ends_it_and_the_caller_is_routed_meanwhile() {
+        let fs = fs();
+        let t = Txns::default();
+        assert!(t.route(me()).is_none());
+        let id = t.begin(&fs, 7, me(), false).unwrap();
+        assert_eq!(t.current(me()), id);
+        // A second begin by the same caller, or on the same handle, is refused.
+        assert!(matches!(t.begin(&fs, 8, me(), false), Err(Failure::Fs(FsError::Busy))));
+        // Another handle cannot end it.
+        assert!(matches!(t.end(&fs, 8, End::Commit), Err(Failure::Fs(FsError::NoTxn))));
+        let a = {
+            let b = t.route(me()).unwrap();
+            let g = b.read();
+            fs.create(g.as_ref(), ROOT, b"a", 0o644, Owner { uid: 0, gid: 0 }).unwrap()
+        };
+        t.end(&fs, 7, End::Abort).unwrap();
+        assert!(fs.getattr(a.ino).is_err(), "abort left the file");
+        assert_eq!(t.current(me()), 0);
+        assert!(matches!(t.end(&fs, 7, End::Abort), Err(Failure::Fs(FsError::NoTxn))));
+    }
+
+    #[test]
+    fn a_tree_takes_in_the_callers_parent_chain_only_below_its_root() {
+        let fs = fs();
+        let t = Txns::default();
+        // SAFETY: getppid has no preconditions.
+        let parent = u32::try_from(unsafe { libc::getppid() }).unwrap();
+        let id = t.begin(&fs, 1, me(), true).unwrap();
+        assert_eq!(t.current(me()), id);
+        assert_eq!(t.current(parent), 0, "the root's parent is outside the tree");
+        t.end(&fs, 1, End::Commit).unwrap();
+        assert_eq!(t.current(me()), 0);
+    }
+
+    #[test]
+    fn route_nothing_mutant_routes_nothing() {
+        let fs = fs();
+        let t = Txns::new(Arc::default(), Some(FuseMutant::RouteNothing));
+        t.begin(&fs, 1, me(), false).unwrap();
+        assert_eq!(t.current(me()), 0);
+        t.abort_all(&fs);
+    }
+}
