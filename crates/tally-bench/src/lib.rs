@@ -5,7 +5,9 @@
 //!   ratios between modes measured in the same run;
 //! - [`recovery`]: how fast [`tally_log::Log::open`] scans a full log;
 //! - [`fs`]: the file system's stream policies (per file, per thread, one stream) and its two
-//!   mount paths (clean-unmount snapshot, scan after a crash).
+//!   mount paths (clean-unmount snapshot, scan after a crash);
+//! - [`peer`], [`varmail`], [`append`], [`multicommit`]: one timed window of a workload that
+//!   `bench/run.sh` runs side by side with ext4, SQLite, RocksDB, LMDB and a FUSE pass-through.
 //!
 //! Rules every benchmark here keeps (STYLE.md rule 13, DESIGN.md §5):
 //! - results are ratios measured in one run, each with the machine and the device's flush
@@ -17,11 +19,15 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod error;
+pub mod append;
 pub mod fs;
 pub mod measure;
+pub mod multicommit;
+pub mod peer;
 pub mod recovery;
 pub mod target;
 pub mod tx;
+pub mod varmail;
 
 pub use error::BenchError;
 pub use measure::{parse_size, Spread};

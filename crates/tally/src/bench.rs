@@ -13,6 +13,8 @@ use tally_log::CommitMode;
 
 use crate::{fail, EXIT_IO_FAILURE};
 
+mod peer;
+
 /// Benchmarks.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
@@ -23,6 +25,10 @@ pub enum Command {
     /// The file system: create+write+fsync per stream policy, and mount after a clean unmount
     /// (snapshot) against mount after a crash (scan).
     Fs(FsArgs),
+    /// One timed window of a workload measured side by side with other systems (varmail,
+    /// append stream, multi-file commit); `bench/run.sh` runs them all and writes the report.
+    #[command(subcommand)]
+    Peer(peer::PeerCommand),
 }
 
 /// Arguments of `tally bench fs`.
@@ -171,6 +177,7 @@ pub fn run(cmd: &Command) -> ExitCode {
             };
             finish(tally_bench::fs::run(&options, &progress), a.json, fs_table)
         }
+        Command::Peer(p) => peer::run(p),
     }
 }
 

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Issue #6: Tally side by side with what users pick instead, in one run, on one machine.
+#
+#   sudo bench/run.sh            # full run (about 40 minutes on a 2-core VM)
+#   sudo bench/run.sh --quick    # smoke check, under 10 minutes (same workloads, fewer configs)
+#
+# Installs what is missing (Debian/Ubuntu: fio, db_bench, bindfs, LMDB, e2fsprogs, matplotlib),
+# builds Tally (release), makes one same-size image file per system in $BENCH_DIR (default
+# /var/tmp; not tmpfs), attaches each to a loop device, makes ext4 data=ordered / data=journal /
+# no journal, a bindfs pass-through, and a Tally file system mounted through FUSE, runs every
+# workload with runs interleaved (bench/peers.py), then writes docs/bench/README.md and the
+# plots (bench/peers_report.py). Every mount and loop device it made is removed on exit.
+#
+# Needs root (loop devices, mount). Everything runs on the same backing file system.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BENCH_DIR=${BENCH_DIR:-/var/tmp}
+QUICK=
+case "${1:-}" in
+  --quick) QUICK=--quick ;;
+  "") ;;
+  -h | --help)
+    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+    exit 0
+    ;;
+  *)
+    echo "bench/run.sh: unknown argument $1 (--quick or nothing)" >&2
+    exit 2
+    ;;
+esac
+[ "$(id -u)" = 0 ] || { echo "bench/run.sh: needs root (loop devices and mounts)" >&2; exit 2; }
+fstype=$(stat -f -c %T "$BENCH_DIR")
+if [ "$fstype" = tmpfs ]; then
+  echo "bench/run.sh: $BENCH_DIR is tmpfs; O_DIRECT needs a real file system (set BENCH_DIR)" >&2
+  exit 2
+fi
+
+# The system Python: Debian's matplotlib is installed for it, whatever python3 is on PATH.
+PY=/usr/bin/python3
+need=()
+command -v fio >/dev/null || need+=(fio)
+command -v db_bench >/dev/null || need+=(rocksdb-tools)
+command -v bindfs >/dev/null || need+=(bindfs)
+command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
+command -v losetup >/dev/null || need+=(util-linux)
+command -v fusermount >/dev/null || need+=(fuse3)
+command -v gcc >/dev/null || need+=(gcc)
+[ -e /usr/include/lmdb.h ] || need+=(liblmdb-dev)
+[ -x "$PY" ] && "$PY" -c 'import matplotlib' 2>/dev/null || need+=(python3 python3-matplotlib)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "== installing ${need[*]}" >&2
+  apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+cd "$ROOT"
+echo "== building tally (release)" >&2
+cargo build --release -q -p tally
+TALLY="${CARGO_TARGET_DIR:-$ROOT/target}/release/tally"
+BUILT_FROM="$(git rev-parse --short HEAD)"
+git diff --quiet HEAD -- crates bench || BUILT_FROM="$BUILT_FROM + uncommitted changes"
+
+WORK=$(mktemp -d "$BENCH_DIR/tally-peers.XXXXXX")
+# Second line of defence: peers.py undoes its own mounts and loops; this catches a SIGKILL.
+cleanup() {
+  for m in $(awk -v w="$WORK" 'index($2, w) == 1 {print $2}' /proc/mounts | sort -r); do
+    umount -l "$m" 2>/dev/null || true
+  done
+  for l in $(losetup -nO NAME,BACK-FILE | awk -v w="$WORK" 'index($2, w) == 1 {print $1}'); do
+    losetup -d "$l" 2>/dev/null || true
+  done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+gcc -O2 -Wall -o "$WORK/lmdb_commit" bench/lmdb_commit.c -llmdb
+
+OUT_DIR="$ROOT/docs/bench"
+DATA="$OUT_DIR/run-data"
+mkdir -p "$DATA"
+started=$(date -u +%Y-%m-%dT%H:%MZ)
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)" >"$DATA/load.txt"
+"$PY" bench/peers.py "$WORK" "$DATA/results.json" "$TALLY" "$WORK/lmdb_commit" $QUICK
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$DATA/load.txt"
+finished=$(date -u +%Y-%m-%dT%H:%MZ)
+probe=$("$TALLY" probe "$WORK/probe.img" --json 2>/dev/null || echo '{}')
+rm -f "$WORK/probe.img"
+cat >"$DATA/machine.json" <<JSON
+{"started": "$started", "finished": "$finished", "kernel": "$(uname -sr)", "cpus": $(nproc),
+ "cpu": "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')",
+ "memory_gib": $(awk '/MemTotal/ {printf "%.0f", $2/1048576}' /proc/meminfo),
+ "backing_fs": "$fstype", "built_from": "$BUILT_FROM", "quick": "${QUICK:-no}",
+ "fio": "$(fio --version)", "db_bench": "$(dpkg-query -W -f='${Version}' rocksdb-tools 2>/dev/null)",
+ "sqlite": "rusqlite bundled", "lmdb": "$(dpkg-query -W -f='${Version}' liblmdb-dev 2>/dev/null)",
+ "bindfs": "$(bindfs --version 2>&1 | head -1)", "probe": $probe}
+JSON
+"$PY" bench/peers_report.py "$DATA" "$OUT_DIR"
+echo "bench/run.sh: wrote docs/bench/README.md and docs/bench/*.png" >&2
