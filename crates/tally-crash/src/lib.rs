@@ -13,4 +13,6 @@ pub use device::{
     CompletionPolicy, CrashConfig, CrashDevice, CrashImages, CrashOptions, CrashPoint, CrashReport,
     FaultPlan, RecordingDevice,
 };
-pub use pmem::{PmemCrashImages, PmemCrashOptions, PmemSim, PmemSimStats};
+pub use pmem::{
+    PmemCrashImages, PmemCrashOptions, PmemCrashPoint, PmemSim, PmemSimDevice, PmemSimStats,
+};

@@ -23,12 +23,14 @@
 //!
 //! One seed reproduces everything; `docs/FS-CRASH-TESTING.md` has the counts.
 
+mod medium;
 mod model;
 mod run;
 mod workload;
 
 pub use tally_fs::{mutants_available, FsMutant};
 
+pub use medium::{explorer_view, Medium};
 pub use model::{
     Candidates, FsInvariant, FsViolation, History, MIno, MNode, MOp, MState, Tree, TreeNode, MROOT,
 };

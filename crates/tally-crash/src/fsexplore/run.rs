@@ -11,6 +11,7 @@ use tally_fs::{
 };
 use tally_media::{Device, Geometry, Image, MemDevice};
 
+use super::medium::{self, Medium, Mounted, Point, Recorder};
 use super::model::{
     Candidates, FsInvariant, FsViolation, History, MIno, MOp, MState, RawNode, Tree, TreeNode,
     MROOT,
@@ -18,7 +19,7 @@ use super::model::{
 use super::workload::{
     pattern, resolve, step_tag, FsOp, FsWorkload, Persist, TxnEnd, WriteKind, START_XATTR,
 };
-use crate::{CrashConfig, CrashDevice, CrashOptions, CrashPoint, FaultPlan, RecordingDevice};
+use tally_media::pmem::{BlockMutant, BlockView};
 
 /// What to explore, and how hard.
 #[derive(Debug, Clone)]
@@ -43,6 +44,13 @@ pub struct FsExploreConfig {
     pub idempotence_images_max: usize,
     /// A deliberately broken variant of the file system.
     pub mutant: Option<FsMutant>,
+    /// A deliberately broken log underneath (e.g. `crc-not-checked`, the log unit larger than
+    /// the failure-atomic unit without a checksum).
+    pub log_mutant: Option<tally_log::Mutant>,
+    /// What the workloads run on.
+    pub medium: Medium,
+    /// A deliberately broken persistent-memory block protocol (with [`Medium::Pmem`]).
+    pub pmem_mutant: Option<BlockMutant>,
     /// Drives every random choice.
     pub seed: u64,
     /// Stop at the first violation.
@@ -61,6 +69,9 @@ impl Default for FsExploreConfig {
             crash_inside_ops: true,
             idempotence_images_max: 4,
             mutant: None,
+            log_mutant: None,
+            medium: Medium::Block,
+            pmem_mutant: None,
             seed: 1,
             stop_at_first: false,
         }
@@ -120,6 +131,10 @@ pub struct FsReport {
     pub elapsed_sec: f64,
     /// The mutant explored, if any.
     pub mutant: Option<String>,
+    /// What the workloads ran on: `block` or `pmem`.
+    pub medium: Medium,
+    /// The persistent-memory block-protocol mutant explored, if any.
+    pub pmem_mutant: Option<String>,
     /// The first violation.
     pub first_violation: Option<FsFirstViolation>,
 }
@@ -165,10 +180,21 @@ impl FsExplorer {
     /// A new explorer.
     #[must_use]
     pub fn new(cfg: FsExploreConfig) -> Self {
-        let mutant = cfg.mutant.map(|m| m.name().to_string());
+        let mutant = cfg
+            .mutant
+            .map(|m| m.name().to_string())
+            .or_else(|| cfg.log_mutant.map(|m| m.name().to_string()));
+        let pmem_mutant = cfg.pmem_mutant.map(|m| m.name().to_string());
+        let medium = cfg.medium;
         FsExplorer {
             cfg,
-            report: FsReport { all_exhaustive: true, mutant, ..FsReport::default() },
+            report: FsReport {
+                all_exhaustive: true,
+                mutant,
+                medium,
+                pmem_mutant,
+                ..FsReport::default()
+            },
             unique: HashSet::new(),
             started: Instant::now(),
             start: None,
@@ -198,13 +224,29 @@ impl FsExplorer {
     }
 
     fn mount_options(&self) -> MountOptions {
-        MountOptions { mutant: self.cfg.mutant, ..MountOptions::default() }
+        MountOptions {
+            mutant: self.cfg.mutant,
+            log_mutant: self.cfg.log_mutant,
+            ..MountOptions::default()
+        }
     }
 
     fn geometry(&self) -> Geometry {
         let blocks = 2 + u64::from(self.cfg.segment_count) * u64::from(self.cfg.segment_blocks);
         let bs = self.cfg.block_size;
         Geometry { block_size: bs, block_count: blocks, atomic_write_size: 512.min(bs) }
+    }
+
+    /// The geometry of the medium's images (persistent memory: 8-byte atomic words).
+    fn medium_geometry(&self) -> Geometry {
+        match self.cfg.medium {
+            Medium::Block => self.geometry(),
+            Medium::Pmem => Geometry { atomic_write_size: 8, ..self.geometry() },
+        }
+    }
+
+    fn view(&self) -> BlockView {
+        medium::explorer_view(self.cfg.block_size, self.cfg.pmem_mutant)
     }
 
     fn bs(&self) -> u64 {
@@ -322,12 +364,9 @@ impl FsExplorer {
                 return;
             }
         };
-        let dev = RecordingDevice::new(CrashDevice::from_image(
-            start.image.clone(),
-            CrashConfig::with_seed(self.cfg.seed),
-        ));
+        let dev = Recorder::new(self.cfg.medium, &start.image, self.cfg.seed, self.view());
         let opts = self.mount_options();
-        let fs = match catch_unwind(AssertUnwindSafe(|| Fs::mount(dev.clone(), opts))) {
+        let fs = match catch_unwind(AssertUnwindSafe(|| Fs::mount(dev.device(), opts))) {
             Ok(Ok(fs)) => fs,
             other => {
                 let message = match other {
@@ -370,7 +409,7 @@ impl FsExplorer {
             if !self.points(&inside, &inside_hist, At { what: "inside op", ..at }) {
                 return;
             }
-            if !self.points(&[dev.inner().crash_point()], &hist, at) {
+            if !self.points(&[dev.point_now()], &hist, at) {
                 return;
             }
             // The persistence call.
@@ -395,7 +434,7 @@ impl FsExplorer {
             if !self.points(&inside, &before, At { what: "inside persist", ..at }) {
                 return;
             }
-            if !self.points(&[dev.inner().crash_point()], &hist, at) {
+            if !self.points(&[dev.point_now()], &hist, at) {
                 return;
             }
         }
@@ -420,7 +459,7 @@ impl FsExplorer {
     }
 
     /// Check every crash point of `points` against `hist`; false when the run should stop.
-    fn points(&mut self, points: &[CrashPoint], hist: &History, at: At<'_>) -> bool {
+    fn points(&mut self, points: &[Point], hist: &History, at: At<'_>) -> bool {
         if points.is_empty() {
             return true;
         }
@@ -445,54 +484,37 @@ impl FsExplorer {
     }
 
     /// Every untorn image at the point (exhaustive up to 12 uncertain writes, else sampled),
-    /// then torn ones (sampled), each distinct image once per point group.
+    /// then torn ones (sampled), each distinct image once per point group; on persistent
+    /// memory, the cache-line images (see `medium.rs`).
     fn check_point(
         &mut self,
-        point: &CrashPoint,
+        point: &Point,
         cands: &Candidates,
         at: At<'_>,
         k: usize,
         seen: &mut HashSet<u64>,
     ) {
-        let seed = Some(self.point_seed(at, k));
-        let untorn = CrashOptions {
-            tearing: false,
-            samples: self.cfg.samples,
-            exhaustive_images_max: 4096,
-            seed,
-            ..CrashOptions::default()
-        };
-        let mut passes = vec![untorn];
-        if self.cfg.torn_samples > 0 {
-            passes.push(CrashOptions {
-                tearing: true,
-                samples: self.cfg.torn_samples,
-                exhaustive_images_max: self.cfg.torn_samples as u64,
-                seed,
-                ..CrashOptions::default()
-            });
-        }
-        for (pass, options) in passes.into_iter().enumerate() {
-            let mut images = point.crash_images(options);
-            for image in images.by_ref() {
-                let hash = image_hash(&image);
+        let seed = self.point_seed(at, k);
+        let (samples, torn) = (self.cfg.samples, self.cfg.torn_samples);
+        for pass in medium::passes(point, self.medium_geometry(), samples, torn, seed) {
+            for image in &pass.images {
+                let hash = image_hash(image);
                 if !seen.insert(hash) {
                     continue;
                 }
                 self.report.states_checked += 1;
                 self.unique.insert(hash);
-                if let Err(v) = self.check_image(&image, cands) {
+                if let Err(v) = self.check_image(image, cands) {
                     self.record(at, v);
                     if self.done() {
                         return;
                     }
                 }
             }
-            let exhaustive = images.report().exhaustive;
-            if pass == 0 {
-                self.report.all_exhaustive &= exhaustive;
+            if pass.primary {
+                self.report.all_exhaustive &= pass.exhaustive;
             }
-            self.report.sampled_passes += u64::from(!exhaustive);
+            self.report.sampled_passes += u64::from(!pass.exhaustive);
         }
     }
 
@@ -508,9 +530,8 @@ impl FsExplorer {
     /// Judge one image: I4 (mount, fsck), I1–I3 (the tree), I6 (mount again after a crash
     /// right after recovery), I5 (a new fsynced file survives a remount).
     fn check_image(&mut self, image: &Image, cands: &Candidates) -> Result<(), FsViolation> {
-        let dev =
-            Arc::new(CrashDevice::from_image(image.clone(), CrashConfig::with_seed(self.cfg.seed)));
-        let fs = self.mount(dev.clone(), FsInvariant::I4MountAndFsck)?;
+        let dev = Mounted::new(self.cfg.medium, image, self.cfg.seed, self.view());
+        let fs = self.mount(dev.device(), FsInvariant::I4MountAndFsck)?;
         let tree = walk_checked(&fs, FsInvariant::I1Atomicity)?;
         cands.check(&tree)?;
         let fsck = catch_unwind(AssertUnwindSafe(|| fs.fsck()));
@@ -532,27 +553,15 @@ impl FsExplorer {
                 })
             }
         }
-        // I6: a crash right after the first recovery, and a crash inside it (its first flush
-        // fails, so what it wrote before may or may not be there): every image either leaves
-        // mounts to the same tree.
-        let options = CrashOptions {
-            tearing: false,
-            samples: self.cfg.idempotence_images_max,
-            ..CrashOptions::default()
-        };
-        let inside = Arc::new(CrashDevice::from_image(
-            image.clone(),
-            CrashConfig {
-                faults: FaultPlan { flush_eio_nth: Some(1), ..FaultPlan::none() },
-                ..CrashConfig::with_seed(self.cfg.seed)
-            },
-        ));
+        // I6: a crash right after the first recovery, and a crash inside it (block: its first
+        // flush fails, so what it wrote before may or may not be there; pmem: before one of
+        // its flushes or fences): every image either leaves mounts to the same tree.
         let opts = self.mount_options();
-        let _ = catch_unwind(AssertUnwindSafe(|| Fs::mount(inside.clone(), opts)));
-        let after = dev.crash_images(options.clone()).take(self.cfg.idempotence_images_max);
-        let during = inside.crash_images(options).take(self.cfg.idempotence_images_max);
-        for (again, when) in after.map(|i| (i, "right after")).chain(during.map(|i| (i, "inside")))
-        {
+        let again =
+            dev.recovery_crash_images(image, self.cfg.idempotence_images_max, self.cfg.seed, |d| {
+                let _ = catch_unwind(AssertUnwindSafe(|| Fs::mount(d, opts)));
+            });
+        for (again, when) in again {
             self.report.recovery_crash_states += 1;
             let fs2 =
                 self.mount(Arc::new(MemDevice::from_image(again)), FsInvariant::I6Idempotence)?;
@@ -638,12 +647,19 @@ impl FsExplorer {
                 message: v.message,
                 states_before: self.report.states_checked,
                 replay: format!(
-                    "tally crash fs --set {} --index {} --seed {} --streams {}{}",
+                    "tally crash fs --medium {} --set {} --index {} --seed {} --streams {}{}{}{}",
+                    self.cfg.medium.name(),
                     at.set,
                     at.index,
                     self.cfg.seed,
                     self.cfg.streams,
-                    self.cfg.mutant.map_or(String::new(), |m| format!(" --mutant {}", m.name()))
+                    self.cfg.mutant.map_or(String::new(), |m| format!(" --mutant {}", m.name())),
+                    self.cfg
+                        .log_mutant
+                        .map_or(String::new(), |m| format!(" --mutant {}", m.name())),
+                    self.cfg
+                        .pmem_mutant
+                        .map_or(String::new(), |m| format!(" --mutant {}", m.name()))
                 ),
             });
         }

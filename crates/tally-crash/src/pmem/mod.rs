@@ -41,6 +41,7 @@
 //! from [`PmemCrashOptions::seed`] (see `images.rs`). Images are distinct; the first is the
 //! durable image. `docs/PMEM-CRASH-MODEL.md` states the same model with examples.
 
+mod device;
 mod images;
 mod line;
 
@@ -49,6 +50,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tally_media::pmem::{check_range, Pmem, PmemError, LINE_SIZE, WORD_SIZE};
 
+pub use device::{bytes_image, image_bytes, PmemSimDevice};
 pub use images::{PmemCrashImages, PmemCrashOptions};
 
 use images::{Plan, PlanLine};
@@ -244,17 +246,19 @@ impl PmemSim {
     /// The simulator's state is unchanged.
     #[must_use]
     pub fn crash_images(&self, options: &PmemCrashOptions) -> PmemCrashImages {
+        self.crash_point().crash_images(options)
+    }
+
+    /// The simulator's state at this instant, frozen: what a crash right now could leave, to be
+    /// enumerated later (e.g. before every fence inside one operation of the layer above).
+    #[must_use]
+    pub fn crash_point(&self) -> PmemCrashPoint {
         let state = self.lock();
-        let lines = state
-            .lines
-            .iter()
-            .map(|(&index, line)| {
-                let (start, end) = line_bounds(index, self.len);
-                let durable = line_bytes(&state.durable, start, end);
-                PlanLine::new(start, end - start, durable, line.clone(), options.line_choices_max)
-            })
-            .collect();
-        PmemCrashImages::new(Plan { durable: state.durable.clone(), lines }, options)
+        PmemCrashPoint {
+            durable: state.durable.clone(),
+            lines: state.lines.iter().map(|(&i, l)| (i, l.clone())).collect(),
+            len: self.len,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -270,6 +274,43 @@ impl State {
         let start = off as usize;
         self.volatile[start..start + bytes.len()].copy_from_slice(bytes);
         self.seq += 1;
+    }
+}
+
+/// A frozen crash state of a [`PmemSim`]: its durable bytes and its pending lines.
+#[derive(Debug, Clone)]
+pub struct PmemCrashPoint {
+    durable: Vec<u8>,
+    lines: Vec<(u64, LineState)>,
+    len: u64,
+}
+
+impl PmemCrashPoint {
+    /// The distinct images a crash at this point can leave (see [`PmemSim::crash_images`]).
+    #[must_use]
+    pub fn crash_images(&self, options: &PmemCrashOptions) -> PmemCrashImages {
+        let lines = self
+            .lines
+            .iter()
+            .map(|(index, line)| {
+                let (start, end) = line_bounds(*index, self.len);
+                let durable = line_bytes(&self.durable, start, end);
+                PlanLine::new(start, end - start, durable, line.clone(), options.line_choices_max)
+            })
+            .collect();
+        PmemCrashImages::new(Plan { durable: self.durable.clone(), lines }, options)
+    }
+
+    /// What survives if a crash at this point keeps nothing pending.
+    #[must_use]
+    pub fn durable_image(&self) -> &[u8] {
+        &self.durable
+    }
+
+    /// Lines with stores not yet durable at this point.
+    #[must_use]
+    pub fn pending_line_count(&self) -> usize {
+        self.lines.len()
     }
 }
 

@@ -1,8 +1,8 @@
 //! The block view of a [`PmemDevice`]: the [`Device`] trait, so block-based code (the log) runs
 //! on persistent memory unchanged.
 //!
-//! A submission copies each write into the region and writes back its lines, then fences once,
-//! on the submitting thread. The fence is there because `sfence` only covers the thread that
+//! A submission copies each write into the region non-temporally (`view.rs`, the code the
+//! cache-line simulator runs too), then fences once, on the submitting thread. The fence is there because `sfence` only covers the thread that
 //! issues it: without it, a `flush()` called on another thread could not honour the trait's
 //! promise that it makes durable every write completed before it. So every completed write is
 //! already durable, FUA costs nothing extra, and `flush()` is a fence. In msync mode a write is
@@ -10,7 +10,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::{FlushKind, PmemDevice, PmemMode};
+use super::{BlockView, FlushKind, PmemDevice, PmemMode};
 use crate::{
     check_read, check_write, Device, DeviceStats, Geometry, MediaError, Result, Ticket, Write,
     WriteFlags,
@@ -36,29 +36,33 @@ impl Device for PmemDevice {
 
     fn submit(&self, writes: Vec<Write>, flags: WriteFlags) -> Result<Ticket> {
         check_write(&self.geometry, &writes)?;
+        if self.flush_kind != FlushKind::Msync {
+            // The protocol shared with the cache-line simulator (`view.rs`): non-temporal copies
+            // of whole blocks, one fence on the submitting thread.
+            drop(self.lock_writable()?);
+            self.counters.submission();
+            let view = BlockView::non_temporal(self.geometry.block_size);
+            let copies: Vec<(u64, &[u8])> =
+                writes.iter().map(|w| (self.byte_offset(w.block), &w.data[..])).collect();
+            view.submit(self, &copies)?;
+            for w in &writes {
+                self.counters.write(w.data.len(), flags.fua);
+            }
+            return Ok(Ticket(self.next_ticket.fetch_add(1, Relaxed)));
+        }
         let mut region = self.lock_writable()?;
         self.counters.submission();
-        let mut lines = 0;
         for w in &writes {
             let off = self.byte_offset(w.block);
             let (start, end) = super::check_range(off, w.data.len(), self.len)?;
             region.write(start, &w.data);
             self.counters.write(w.data.len(), flags.fua);
-            if self.flush_kind == FlushKind::Msync {
-                if flags.fua {
-                    self.msync(&mut region, start, end)?;
-                }
-            } else {
-                lines += region.flush_lines(self.flush_kind, start, end);
+            if flags.fua {
+                self.msync(&mut region, start, end)?;
             }
         }
         let c = &self.pmem_counters;
         c.bytes_stored.fetch_add(writes.iter().map(|w| w.data.len() as u64).sum(), Relaxed);
-        if self.flush_kind != FlushKind::Msync {
-            c.lines_flushed.fetch_add(lines, Relaxed);
-            drop(region);
-            self.fence();
-        }
         Ok(Ticket(self.next_ticket.fetch_add(1, Relaxed)))
     }
 

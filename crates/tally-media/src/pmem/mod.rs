@@ -37,6 +37,7 @@ mod cpu;
 mod error;
 mod map;
 mod region;
+mod view;
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -51,6 +52,7 @@ use region::Region;
 
 pub use cpu::{cpu_flush_kind, FlushKind, LINE_SIZE, WORD_SIZE};
 pub use error::{check_range, PmemError};
+pub use view::{block_mutants_available, BlockMutant, BlockView};
 
 /// How stores to a [`PmemDevice`] become durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
