@@ -1,6 +1,7 @@
 //! The `tally` command. Each subcommand lives in its own module; this file only parses the
 //! command line, sets up logging and maps outcomes to exit codes.
 
+mod atomic;
 mod bench;
 mod crash;
 mod crash_fs;
@@ -64,6 +65,8 @@ enum Command {
     Mount(mount::MountArgs),
     /// Unmount a Tally mount and wait until its daemon has written its snapshot.
     Umount(mount::UmountArgs),
+    /// Run a command so that all it changes under a Tally mount is one transaction.
+    Atomic(atomic::Args),
 }
 
 fn main() -> ExitCode {
@@ -91,5 +94,6 @@ fn main() -> ExitCode {
         Command::Mkfs(args) => mkfs::run(&args),
         Command::Mount(args) => mount::run_mount(&args),
         Command::Umount(args) => mount::run_umount(&args),
+        Command::Atomic(args) => atomic::run(&args),
     }
 }
