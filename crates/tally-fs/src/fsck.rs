@@ -121,6 +121,9 @@ impl Fs {
                 if r.data_blocks % PROGRESS_EVERY_BLOCKS == 0 {
                     progress(r.data_blocks, data_blocks_total);
                 }
+                if self.mutant == Some(crate::FsMutant::FsckSkipsDataBlocks) {
+                    continue;
+                }
                 match self.block_bytes(ino, b, block) {
                     Ok(bytes) => {
                         if crc32c::crc32c(&bytes) != block.crc {

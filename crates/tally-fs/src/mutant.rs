@@ -22,6 +22,9 @@ pub enum FsMutant {
     /// Cleaning drops a tombstone (removed name, freed inode, hole) while older records of
     /// the same object remain in the log: the object comes back after a remount.
     TombstoneDroppedEarly,
+    /// `fsck` counts the data blocks but does not read them: a damaged block passes. Not a protocol mutant (not in [`FsMutant::ALL`], which the crash explorer
+    /// judges); the image-damage tests of `tally fsck` must catch it.
+    FsckSkipsDataBlocks,
 }
 
 impl FsMutant {
@@ -45,13 +48,14 @@ impl FsMutant {
             FsMutant::ReplayInLogOrder => "replay-in-log-order",
             FsMutant::FsyncNotDurable => "fsync-not-durable",
             FsMutant::TombstoneDroppedEarly => "tombstone-dropped-early",
+            FsMutant::FsckSkipsDataBlocks => "fsck-skips-data-blocks",
         }
     }
 
     /// Parse a name.
     #[must_use]
     pub fn from_name(name: &str) -> Option<FsMutant> {
-        FsMutant::ALL.into_iter().find(|m| m.name() == name)
+        FsMutant::ALL.into_iter().chain([FsMutant::FsckSkipsDataBlocks]).find(|m| m.name() == name)
     }
 }
 

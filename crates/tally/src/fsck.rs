@@ -1,0 +1,323 @@
+//! `tally fsck IMAGE [--json]`: verify a Tally image without changing a byte of it.
+//!
+//! Mounting runs the log's recovery, which writes (it bumps every stream's epoch durably). The
+//! check mounts through an [`OverlayDevice`]: the image is opened read-only and recovery's
+//! writes stay in memory. Then [`tally_fs::Fs::fsck`] reads every live data block against its
+//! crc and checks every cross-reference. The image must not be in use: a mount's daemon holds an
+//! exclusive `flock` on it, and fsck holds a shared one while it reads, so no mount can start
+//! meanwhile.
+
+use std::fs::File;
+use std::io::IsTerminal as _;
+use std::os::unix::fs::FileTypeExt as _;
+use std::os::unix::io::AsRawFd as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tally_fs::{Fs, FsError, FsckReport, MountOptions, MountReport};
+use tally_log::format::superblock::{Superblock, SB_BLOCKS};
+use tally_log::LogError;
+use tally_media::{Device, MediaError, OverlayDevice};
+
+use crate::EXIT_BAD_INPUT;
+
+/// Exit code: the image is in use by a mount (its daemon holds the lock).
+pub const EXIT_IN_USE: u8 = 3;
+/// Exit code: the image is a Tally image, and something in it is wrong.
+pub const EXIT_CORRUPT: u8 = 4;
+/// Exit code: the image cannot be checked at all: not a Tally image (no valid superblock),
+/// truncated, or unreadable.
+pub const EXIT_UNUSABLE: u8 = 8;
+
+/// Arguments of `tally fsck`.
+#[derive(Debug, clap::Args)]
+#[command(after_long_help = "\
+Examples:
+  tally fsck /var/tmp/tally.img            check, print a summary
+  tally fsck /var/tmp/tally.img --json     the same as one JSON object on stdout
+
+The image is opened read-only and never written: recovery (which a mount after a crash runs, \
+and which writes) runs on an in-memory copy-on-write view of it. Every live data block is read \
+and checked against its crc32c; every directory entry, link count, parent, size and block \
+address is checked against the rest. An image served by `tally mount` is refused: unmount it \
+first.
+
+What fsck cannot tell apart: a transaction torn by a crash and one damaged at the tail of the \
+log look alike (both fail their crc), and recovery drops both; that is the log's contract, not \
+corruption.
+
+Exit codes: 0 clean; 2 bad arguments; 3 in use by a mount; 4 corruption found; 8 unusable \
+image (not a Tally image, truncated, or unreadable).
+
+JSON (--json): {\"image\", \"status\": \"clean\"|\"corrupt\"|\"unusable\"|\"in_use\"|\"bad_arguments\", \"exit_code\", \
+\"superblocks\": [{\"block\", \"valid\", \"generation\", \"error\"}], \"mount\": {\"from_snapshot\", \
+\"blocks_read\", \"transactions_replayed\", \"inodes\", \"orphans_freed\", \"time\"} or null, \
+\"checked\": {\"inodes\", \"entries\", \"data_blocks\", \"problems\"} or null, \"error\": text or null}; \
+docs/CLI.md describes each field.")]
+pub struct Args {
+    /// Image file or block device made by `tally mkfs`.
+    image: PathBuf,
+    /// Print the result as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One superblock copy as found on the image.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CopyReport {
+    /// Block holding the copy.
+    pub block: u64,
+    /// Whether it decodes (magic, version, crc, reserved bytes).
+    pub valid: bool,
+    /// Its generation, when valid.
+    pub generation: Option<u64>,
+    /// Why it does not decode, when invalid.
+    pub error: Option<String>,
+}
+
+/// Everything `tally fsck --json` prints.
+#[derive(Debug, serde::Serialize)]
+struct Report {
+    image: String,
+    status: &'static str,
+    exit_code: u8,
+    superblocks: Vec<CopyReport>,
+    mount: Option<MountReport>,
+    checked: Option<FsckReport>,
+    error: Option<String>,
+}
+
+/// Why an image could not be opened for checking, with its exit code.
+pub struct Stop {
+    /// Exit code.
+    pub code: u8,
+    /// What to tell the user.
+    pub text: String,
+}
+
+/// The image opened for reading: the overlay over it, its lock, and its superblock copies.
+pub struct Opened {
+    /// Copy-on-write view of the image (reads from it, writes in memory).
+    pub dev: Arc<dyn Device>,
+    /// Held shared while checking; a mount's daemon holds it exclusive.
+    pub _lock: File,
+    /// Both superblock copies, decoded or not.
+    pub copies: Vec<(CopyReport, Option<Superblock>)>,
+}
+
+/// Open `path` read-only behind a fresh overlay and decode its superblock copies. `refuse_in_use`
+/// makes an image held by a mount an error (else it is a warning on stderr).
+///
+/// # Errors
+/// A [`Stop`] with the exit code for it: bad arguments, in use, or unusable.
+pub fn open_image(path: &Path, command: &str, refuse_in_use: bool) -> Result<Opened, Stop> {
+    let shown = path.display();
+    let meta = std::fs::metadata(path)
+        .map_err(|e| Stop { code: EXIT_BAD_INPUT, text: format!("{shown}: {e}") })?;
+    if !meta.is_file() && !meta.file_type().is_block_device() {
+        return Err(Stop {
+            code: EXIT_BAD_INPUT,
+            text: format!("{shown} is not a file or a block device"),
+        });
+    }
+    let unusable = |text: String| Stop { code: EXIT_UNUSABLE, text };
+    let lock = File::open(path).map_err(|e| unusable(format!("cannot open {shown}: {e}")))?;
+    // SAFETY: flock on a descriptor owned by `lock`.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
+        let text = format!("{shown} is in use: a tally mount serves it (unmount it first)");
+        if refuse_in_use {
+            return Err(Stop { code: EXIT_IN_USE, text });
+        }
+        eprintln!("tally {command}: warning: {text}; what follows is the image as last written");
+    }
+    let dev = OverlayDevice::open_read_only(path).map_err(|e| match e {
+        MediaError::TooSmall { .. } => unusable(format!("{shown} is truncated: {e}")),
+        e => unusable(format!("{shown}: {e}")),
+    })?;
+    let dev: Arc<dyn Device> = Arc::new(dev);
+    let copies = read_copies(&*dev).map_err(|e| unusable(format!("cannot read {shown}: {e}")))?;
+    let best = copies.iter().filter_map(|(_, sb)| sb.as_ref()).max_by_key(|sb| sb.generation);
+    let Some(sb) = best else {
+        let why: Vec<String> = copies.iter().filter_map(|(c, _)| c.error.clone()).collect();
+        return Err(unusable(format!("{shown} is not a Tally image ({})", why.join("; "))));
+    };
+    let g = dev.geometry();
+    if sb.block_size != g.block_size || sb.block_count > g.block_count {
+        return Err(unusable(format!(
+            "{shown} is truncated or not whole: its superblock describes {} blocks of {} bytes, \
+             the image holds {} of {}",
+            sb.block_count, sb.block_size, g.block_count, g.block_size
+        )));
+    }
+    Ok(Opened { dev, _lock: lock, copies })
+}
+
+/// Both superblock copies: decoded, or why not.
+fn read_copies(dev: &dyn Device) -> tally_media::Result<Vec<(CopyReport, Option<Superblock>)>> {
+    let bs = dev.geometry().block_size as usize;
+    let mut out = Vec::with_capacity(SB_BLOCKS.len());
+    for &block in &SB_BLOCKS {
+        let mut buf = vec![0u8; bs];
+        dev.read(block, &mut buf)?;
+        out.push(match Superblock::decode(&buf, block) {
+            Ok(sb) => (
+                CopyReport { block, valid: true, generation: Some(sb.generation), error: None },
+                Some(sb),
+            ),
+            Err(e) => (
+                CopyReport { block, valid: false, generation: None, error: Some(e.to_string()) },
+                None,
+            ),
+        });
+    }
+    Ok(out)
+}
+
+/// Exit code and text for a mount that failed on an image whose superblock is valid.
+pub fn classify_mount_error(error: &FsError) -> u8 {
+    match error {
+        FsError::Log(LogError::Media(_) | LogError::NotFormatted { .. }) => EXIT_UNUSABLE,
+        _ => EXIT_CORRUPT,
+    }
+}
+
+/// A progress bar on stderr when it is a terminal, hidden otherwise.
+pub fn progress_bar(json: bool) -> ProgressBar {
+    if json || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
+}
+
+/// Run `tally fsck`.
+pub fn run(args: &Args) -> ExitCode {
+    let report = check(args);
+    if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(text) => println!("{text}"),
+            Err(e) => eprintln!("tally fsck: error: cannot encode the report: {e}"),
+        }
+    } else {
+        print_text(&report);
+    }
+    ExitCode::from(report.exit_code)
+}
+
+fn check(args: &Args) -> Report {
+    let mut report = Report {
+        image: args.image.display().to_string(),
+        status: "unusable",
+        exit_code: EXIT_UNUSABLE,
+        superblocks: Vec::new(),
+        mount: None,
+        checked: None,
+        error: None,
+    };
+    let opened = match open_image(&args.image, "fsck", true) {
+        Ok(o) => o,
+        Err(stop) => {
+            report.exit_code = stop.code;
+            report.status = match stop.code {
+                EXIT_UNUSABLE => "unusable",
+                EXIT_IN_USE => "in_use",
+                _ => "bad_arguments",
+            };
+            report.error = Some(stop.text);
+            return report;
+        }
+    };
+    report.superblocks = opened.copies.iter().map(|(c, _)| c.clone()).collect();
+    let bar = progress_bar(args.json);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar.set_message("recovering (in memory)");
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    let fs = match Fs::mount(opened.dev.clone(), MountOptions::default()) {
+        Ok(fs) => fs,
+        Err(e) => {
+            bar.finish_and_clear();
+            report.exit_code = classify_mount_error(&e);
+            report.status = if report.exit_code == EXIT_CORRUPT { "corrupt" } else { "unusable" };
+            report.error = Some(format!("cannot mount {}: {e}", args.image.display()));
+            return report;
+        }
+    };
+    report.mount = Some(fs.mount_report());
+    bar.disable_steady_tick();
+    bar.set_style(
+        ProgressStyle::with_template("checking data blocks {bar:40} {pos}/{len} {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let checked = fs.fsck_with_progress(&mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    // Nothing of the mount reaches the image; the in-memory state is simply dropped (an
+    // unmount would write a snapshot, into memory, for nothing).
+    drop(fs);
+    (report.status, report.exit_code) =
+        if checked.is_clean() { ("clean", 0) } else { ("corrupt", EXIT_CORRUPT) };
+    report.checked = Some(checked);
+    report
+}
+
+fn print_text(report: &Report) {
+    for c in &report.superblocks {
+        match (&c.generation, &c.error) {
+            (Some(g), _) => println!("superblock copy at block {}: valid, generation {g}", c.block),
+            (None, Some(e)) => println!(
+                "superblock copy at block {}: invalid ({e}); a torn update leaves one copy so, \
+                 the other serves",
+                c.block
+            ),
+            (None, None) => {}
+        }
+    }
+    if let Some(m) = &report.mount {
+        if m.from_snapshot {
+            println!(
+                "mounted from the clean-unmount snapshot ({} blocks read), {} inodes",
+                m.blocks_read, m.inodes
+            );
+        } else {
+            println!(
+                "recovered from the log: {} blocks scanned, {} transactions replayed, {} inodes, \
+                 {} orphans freed (in memory; the image is unchanged)",
+                m.blocks_read, m.transactions_replayed, m.inodes, m.orphans_freed
+            );
+        }
+    }
+    if let Some(c) = &report.checked {
+        println!(
+            "checked {} inodes, {} directory entries, {} data blocks (each read and crc-checked)",
+            c.inodes, c.entries, c.data_blocks
+        );
+        for p in &c.problems {
+            println!("problem: {p}");
+        }
+    }
+    match report.status {
+        "clean" => println!("{}: clean", report.image),
+        "corrupt" => {
+            if let Some(e) = &report.error {
+                eprintln!("tally fsck: error: {e}");
+            }
+            let n = report.checked.as_ref().map_or(0, |c| c.problems.len());
+            if n > 0 {
+                println!("{}: CORRUPT, {n} problems", report.image);
+            } else {
+                println!("{}: CORRUPT, it cannot be mounted", report.image);
+            }
+        }
+        _ => {
+            if let Some(e) = &report.error {
+                eprintln!("tally fsck: error: {e}");
+            }
+        }
+    }
+}
