@@ -1,6 +1,7 @@
 //! The `tally` command. Each subcommand lives in its own module; this file only parses the
 //! command line, sets up logging and maps outcomes to exit codes.
 
+mod atomic;
 mod bench;
 mod crash;
 mod crash_fs;
@@ -66,6 +67,8 @@ enum Command {
     Mount(mount::MountArgs),
     /// Unmount a Tally mount and wait until its daemon has written its snapshot.
     Umount(mount::UmountArgs),
+    /// Run a command so that all it changes under a Tally mount is one transaction.
+    Atomic(atomic::Args),
     /// Check a Tally image read-only: every checksum, every cross-reference (exit 4 if corrupt).
     Fsck(fsck::Args),
     /// Show a Tally image read-only: superblocks, streams, segments, what is durable.
@@ -97,6 +100,7 @@ fn main() -> ExitCode {
         Command::Mkfs(args) => mkfs::run(&args),
         Command::Mount(args) => mount::run_mount(&args),
         Command::Umount(args) => mount::run_umount(&args),
+        Command::Atomic(args) => atomic::run(&args),
         Command::Fsck(args) => fsck::run(&args),
         Command::Inspect(args) => inspect::run(&args),
     }
