@@ -130,6 +130,9 @@ pub struct Mounted {
 /// The kernel's or fusermount's refusal (no `/dev/fuse`, not a directory, no permission).
 pub fn mount(fs: Fs, dir: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
     if cfg.mutant.is_some() && !cfg!(feature = "mutants") {
+        if let Err(e) = fs.unmount() {
+            tracing::error!("unmount after a refused mount: {e}");
+        }
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "a mutant needs a build with the `mutants` feature",
