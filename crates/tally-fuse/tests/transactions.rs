@@ -179,6 +179,7 @@ fn abort_restores_both_files_at_once_and_on_media() {
 }
 
 #[test]
+#[cfg(feature = "mutants")]
 fn abort_test_catches_a_mount_that_routes_nothing() {
     require_fuse!();
     let e = abort_two_files(Some(FuseMutant::RouteNothing)).unwrap_err();
@@ -187,6 +188,7 @@ fn abort_test_catches_a_mount_that_routes_nothing() {
 }
 
 #[test]
+#[cfg(feature = "mutants")]
 fn abort_test_catches_stale_kernel_caches() {
     require_fuse!();
     let e = abort_two_files(Some(FuseMutant::NoInvalidation)).unwrap_err();
@@ -325,6 +327,7 @@ fn a_tree_transaction_takes_in_late_children_and_leaves_outsiders_alone() {
 }
 
 #[test]
+#[cfg(feature = "mutants")]
 fn the_tree_test_catches_a_mount_that_routes_nothing() {
     require_fuse!();
     let e = tree_abort(Some(FuseMutant::RouteNothing)).unwrap_err();
