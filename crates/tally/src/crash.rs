@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use tally_crash::explore::{ExploreConfig, Explorer, Op, Report, Start, Workload};
+use tally_crash::fsexplore::Medium;
 use tally_log::Mutant;
+use tally_media::pmem::BlockMutant;
 
 /// Layers whose crash states can be explored.
 #[derive(Debug, clap::Subcommand)]
@@ -50,12 +52,18 @@ pub struct LogArgs {
     /// Start image for --bounded and --workload: empty, nearly-full or wrapped.
     #[arg(long, default_value = "empty", value_parser = parse_start)]
     start: Start,
+    /// What the log runs on: `block` (a disk with a volatile cache) or `pmem` (the block view of
+    /// persistent memory on the cache-line simulator: blocks torn at any 8-byte word, crash
+    /// points before every line flush and fence; --samples draws per point, --tearing unused).
+    #[arg(long, default_value = "block", value_parser = parse_medium)]
+    medium: Medium,
     /// Seed of every random choice.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Run with a deliberately broken protocol (needs a build with the `mutants` feature).
+    /// Run with a deliberately broken protocol (needs a build with the `mutants` feature): a
+    /// log mutant, or with --medium pmem a persistent-memory block mutant.
     #[arg(long, value_parser = parse_mutant)]
-    mutant: Option<Mutant>,
+    mutant: Option<LogMutant>,
     /// List the mutants and exit.
     #[arg(long)]
     list_mutants: bool,
@@ -87,10 +95,29 @@ fn parse_start(s: &str) -> Result<Start, String> {
     }
 }
 
-fn parse_mutant(s: &str) -> Result<Mutant, String> {
-    let names: Vec<&str> = Mutant::ALL.iter().map(|m| m.name()).collect();
+/// A mutant `tally crash log` can run.
+#[derive(Debug, Clone, Copy)]
+pub enum LogMutant {
+    /// A broken log.
+    Log(Mutant),
+    /// A broken persistent-memory block protocol.
+    Pmem(BlockMutant),
+}
+
+fn parse_mutant(s: &str) -> Result<LogMutant, String> {
+    let names: Vec<&str> = Mutant::ALL
+        .iter()
+        .map(|m| m.name())
+        .chain(BlockMutant::ALL.iter().map(|m| m.name()))
+        .collect();
     Mutant::from_name(s)
+        .map(LogMutant::Log)
+        .or_else(|| BlockMutant::from_name(s).map(LogMutant::Pmem))
         .ok_or_else(|| format!("unknown mutant {s:?}; mutants: {}", names.join(", ")))
+}
+
+fn parse_medium(s: &str) -> Result<Medium, String> {
+    Medium::from_name(s).ok_or_else(|| format!("unknown medium {s:?}: block or pmem"))
 }
 
 /// Run the exploration.
@@ -110,6 +137,9 @@ pub fn run(cmd: &Command) -> ExitCode {
             };
             println!("{}{note}", m.name());
         }
+        for m in BlockMutant::ALL {
+            println!("{}  (with --medium pmem)", m.name());
+        }
         if !tally_log::mutants_available() {
             eprintln!(
                 "note: this build has no mutants; build with `--features mutants` to run them"
@@ -121,8 +151,20 @@ pub fn run(cmd: &Command) -> ExitCode {
         eprintln!("tally crash: this build has no mutants; rebuild with `cargo build --release -p tally --features mutants`");
         return ExitCode::from(crate::EXIT_BAD_INPUT);
     }
+    if matches!(args.mutant, Some(LogMutant::Pmem(_))) && args.medium != Medium::Pmem {
+        eprintln!("tally crash: a pmem- mutant needs --medium pmem");
+        return ExitCode::from(crate::EXIT_BAD_INPUT);
+    }
     let mut cfg = ExploreConfig {
-        mutant: args.mutant,
+        medium: args.medium,
+        mutant: match args.mutant {
+            Some(LogMutant::Log(m)) => Some(m),
+            Some(LogMutant::Pmem(_)) | None => None,
+        },
+        pmem_mutant: match args.mutant {
+            Some(LogMutant::Pmem(m)) => Some(m),
+            _ => None,
+        },
         seed: args.seed,
         stop_at_first: args.stop_at_first,
         ..ExploreConfig::default()
@@ -192,6 +234,7 @@ fn print_report(r: &Report, json: bool) {
         }
         return;
     }
+    println!("medium                 {}", r.medium.name());
     println!("workloads              {}", r.workloads);
     println!("crash points           {}", r.crash_points);
     println!("states checked         {} ({} distinct images)", r.states_checked, r.unique_states);
@@ -200,7 +243,8 @@ fn print_report(r: &Report, json: bool) {
         "every point exhaustive {} ({} of {} passes sampled)",
         r.all_exhaustive,
         r.sampled_passes,
-        2 * r.crash_points
+        // Block points have an untorn and a torn pass; pmem points one of cache-line images.
+        if r.medium == Medium::Pmem { r.crash_points } else { 2 * r.crash_points }
     );
     println!("states per second      {:.0}", r.states_per_sec);
     if let Some(m) = &r.mutant {

@@ -5,8 +5,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use tally_crash::fsexplore::{
-    mutants_available, workload_set, FsExploreConfig, FsExplorer, FsMutant, FsReport,
+    mutants_available, workload_set, FsExploreConfig, FsExplorer, FsMutant, FsReport, Medium,
 };
+use tally_media::pmem::BlockMutant;
 
 /// Options of `tally crash fs`.
 #[derive(Debug, clap::Args)]
@@ -28,12 +29,20 @@ pub struct FsArgs {
     /// Streams of the file system (1: every crash must recover a prefix).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=8))]
     streams: u16,
+    /// What the file system runs on: `block` (a disk with a volatile cache, blocks torn at
+    /// 512-byte sectors) or `pmem` (persistent memory on the cache-line simulator: blocks copied
+    /// non-temporally or through flushed lines, torn at any 8-byte word; crash points before
+    /// every line flush and fence).
+    #[arg(long, default_value = "block", value_parser = parse_medium)]
+    medium: Medium,
     /// Seed of every random choice.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Run with a deliberately broken file system (needs a build with the `mutants` feature).
+    /// Run with a deliberately broken protocol (needs a build with the `mutants` feature): a
+    /// file-system mutant, a log mutant (e.g. crc-not-checked), or with --medium pmem a
+    /// persistent-memory block mutant (pmem-fence-missing, pmem-copy-skips-tail-flush).
     #[arg(long, value_parser = parse_mutant)]
-    mutant: Option<FsMutant>,
+    mutant: Option<AnyMutant>,
     /// List the mutants and exit.
     #[arg(long)]
     list_mutants: bool,
@@ -54,17 +63,41 @@ pub struct FsArgs {
     json: bool,
 }
 
-fn parse_mutant(s: &str) -> Result<FsMutant, String> {
-    let names: Vec<&str> = FsMutant::ALL.iter().map(|m| m.name()).collect();
+/// A mutant of any layer the file-system explorer runs.
+#[derive(Debug, Clone, Copy)]
+pub enum AnyMutant {
+    /// A broken file system.
+    Fs(FsMutant),
+    /// A broken log underneath.
+    Log(tally_log::Mutant),
+    /// A broken persistent-memory block protocol.
+    Pmem(BlockMutant),
+}
+
+fn mutant_names() -> Vec<&'static str> {
+    let fs = FsMutant::ALL.iter().map(|m| m.name());
+    let log = tally_log::Mutant::ALL.iter().map(|m| m.name());
+    fs.chain(log).chain(BlockMutant::ALL.iter().map(|m| m.name())).collect()
+}
+
+fn parse_mutant(s: &str) -> Result<AnyMutant, String> {
     FsMutant::from_name(s)
-        .ok_or_else(|| format!("unknown mutant {s:?}; mutants: {}", names.join(", ")))
+        .map(AnyMutant::Fs)
+        .or_else(|| tally_log::Mutant::from_name(s).map(AnyMutant::Log))
+        .or_else(|| BlockMutant::from_name(s).map(AnyMutant::Pmem))
+        .ok_or_else(|| format!("unknown mutant {s:?}; mutants: {}", mutant_names().join(", ")))
+}
+
+fn parse_medium(s: &str) -> Result<Medium, String> {
+    Medium::from_name(s).ok_or_else(|| format!("unknown medium {s:?}: block or pmem"))
 }
 
 /// Run the exploration.
 pub fn run(args: &FsArgs) -> ExitCode {
     if args.list_mutants {
-        for m in FsMutant::ALL {
-            println!("{}", m.name());
+        for m in mutant_names() {
+            let note = if m.starts_with("pmem-") { "  (with --medium pmem)" } else { "" };
+            println!("{m}{note}");
         }
         if !mutants_available() {
             eprintln!(
@@ -77,12 +110,28 @@ pub fn run(args: &FsArgs) -> ExitCode {
         eprintln!("tally crash: this build has no mutants; rebuild with `cargo build --release -p tally --features mutants`");
         return ExitCode::from(crate::EXIT_BAD_INPUT);
     }
+    if matches!(args.mutant, Some(AnyMutant::Pmem(_))) && args.medium != Medium::Pmem {
+        eprintln!("tally crash: a pmem- mutant needs --medium pmem");
+        return ExitCode::from(crate::EXIT_BAD_INPUT);
+    }
     let cfg = FsExploreConfig {
+        medium: args.medium,
+        log_mutant: match args.mutant {
+            Some(AnyMutant::Log(m)) => Some(m),
+            _ => None,
+        },
+        pmem_mutant: match args.mutant {
+            Some(AnyMutant::Pmem(m)) => Some(m),
+            _ => None,
+        },
         streams: args.streams,
         samples: args.samples,
         torn_samples: args.torn_samples,
         crash_inside_ops: !args.no_inside_ops,
-        mutant: args.mutant,
+        mutant: match args.mutant {
+            Some(AnyMutant::Fs(m)) => Some(m),
+            _ => None,
+        },
         seed: args.seed,
         stop_at_first: args.stop_at_first,
         ..FsExploreConfig::default()
@@ -159,6 +208,7 @@ fn print_report(r: &FsReport, json: bool) {
         }
         return;
     }
+    println!("medium                 {}", r.medium.name());
     println!("workloads              {}", r.workloads);
     println!(
         "crash points           {} ({} inside ops)",
@@ -171,7 +221,7 @@ fn print_report(r: &FsReport, json: bool) {
         r.all_exhaustive, r.sampled_passes
     );
     println!("states per second      {:.0}", r.states_per_sec);
-    if let Some(m) = &r.mutant {
+    if let Some(m) = r.mutant.as_ref().or(r.pmem_mutant.as_ref()) {
         println!("mutant                 {m}");
     }
     println!("violations             {}", r.violations);

@@ -1,4 +1,5 @@
-//! `tally crash log`: JSON fields, exit status, replay of a mutant's violation.
+//! `tally crash log` and `tally crash fs`: JSON fields, exit status, replay of a mutant's
+//! violation, on the block and the persistent-memory medium.
 
 use std::process::Command;
 
@@ -46,7 +47,8 @@ fn bad_input_exits_2() {
 fn list_mutants_names_all() {
     let (code, out, _) = tally(&["crash", "log", "--list-mutants"]);
     assert_eq!(code, 0);
-    assert_eq!(out.lines().count(), tally_log::Mutant::ALL.len());
+    assert_eq!(out.lines().count(), tally_log::Mutant::ALL.len() + 2, "{out}");
+    assert!(out.contains("pmem-fence-missing  (with --medium pmem)"));
     assert!(out.contains("snapshot-trusted-after-crash  (needs a clean close"));
     assert!(out.contains("no-epoch-bump"));
 }
@@ -68,11 +70,60 @@ fn a_mutant_is_caught_exits_1_and_its_replay_command_reproduces_it() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let first = &v["first_violation"];
     let replay = first["replay"].as_str().unwrap();
-    assert!(replay.starts_with("tally crash log --workload "));
+    assert!(replay.starts_with("tally crash log --medium block --workload "), "{replay}");
     let args: Vec<&str> = replay.split_whitespace().skip(1).collect();
     let (code, again, _) = tally(&args);
     assert_eq!(code, 1, "the replay must find the violation again");
     let again: serde_json::Value = serde_json::from_str(&again).unwrap();
     assert_eq!(again["first_violation"]["invariant"], first["invariant"]);
     assert_eq!(again["first_violation"]["message"], first["message"]);
+}
+
+#[test]
+fn the_log_and_the_file_system_on_pmem_report_the_same_fields_and_no_violation() {
+    let (code, block, err) = tally(&["crash", "log", "--workload", "amdsc", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, pmem, err) =
+        tally(&["crash", "log", "--medium", "pmem", "--workload", "amdsc", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let block: serde_json::Value = serde_json::from_str(&block).unwrap();
+    let pmem: serde_json::Value = serde_json::from_str(&pmem).unwrap();
+    let keys =
+        |v: &serde_json::Value| -> Vec<String> { v.as_object().unwrap().keys().cloned().collect() };
+    assert_eq!(keys(&block), keys(&pmem));
+    assert_eq!((block["medium"].as_str(), pmem["medium"].as_str()), (Some("block"), Some("pmem")));
+    assert_eq!(pmem["violations"], 0);
+    assert!(pmem["states_checked"].as_u64().unwrap() > pmem["crash_points"].as_u64().unwrap());
+    let (code, fs, err) =
+        tally(&["crash", "fs", "--medium", "pmem", "--set", "seq-1", "--index", "5", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let fs: serde_json::Value = serde_json::from_str(&fs).unwrap();
+    assert_eq!((fs["medium"].as_str(), fs["violations"].as_u64()), (Some("pmem"), Some(0)));
+    assert!(fs["crash_points_inside_ops"].as_u64().unwrap() > 0);
+    let (code, _, err) = tally(&["crash", "fs", "--medium", "dram"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown medium"), "{err}");
+}
+
+#[cfg(feature = "mutants")]
+#[test]
+fn pmem_mutants_are_caught_and_need_the_pmem_medium() {
+    for (layer, mutant) in [
+        ("log", "pmem-fence-missing"),
+        ("log", "pmem-copy-skips-tail-flush"),
+        ("log", "crc-not-checked"),
+        ("fs", "pmem-fence-missing"),
+        ("fs", "crc-not-checked"),
+    ] {
+        let mut args = vec!["crash", layer, "--medium", "pmem", "--mutant", mutant];
+        args.extend(["--stop-at-first", "--json"]);
+        let (code, out, err) = tally(&args);
+        assert_eq!(code, 1, "{layer} {mutant} not caught: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let replay = v["first_violation"]["replay"].as_str().unwrap();
+        assert!(replay.contains("--medium pmem") && replay.contains(mutant), "{replay}");
+    }
+    let (code, _, err) = tally(&["crash", "fs", "--mutant", "pmem-fence-missing"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("needs --medium pmem"), "{err}");
 }

@@ -10,7 +10,10 @@ use tally_media::{Device, Geometry, Image, MemDevice};
 
 use super::model::{survivor_tags, Invariant, Model, ModelTx, Violation};
 use super::workload::{Op, Workload};
-use crate::{CrashConfig, CrashDevice, CrashOptions, CrashPoint, FaultPlan, RecordingDevice};
+use crate::fsexplore::medium::{self, Mounted, Point, Recorder};
+use crate::fsexplore::Medium;
+use crate::{CrashConfig, CrashDevice, CrashOptions, FaultPlan};
+use tally_media::pmem::{BlockMutant, BlockView};
 
 /// The image a workload starts from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -55,6 +58,11 @@ pub struct ExploreConfig {
     pub seed: u64,
     /// Stop at the first violation.
     pub stop_at_first: bool,
+    /// What the log runs on (persistent memory: the cache-line simulator under the block
+    /// view; `crash` then gives only `samples`, images being drawn from the cache-line model).
+    pub medium: Medium,
+    /// A deliberately broken persistent-memory block protocol (with [`Medium::Pmem`]).
+    pub pmem_mutant: Option<BlockMutant>,
 }
 
 impl Default for ExploreConfig {
@@ -76,6 +84,8 @@ impl Default for ExploreConfig {
             mutant: None,
             seed: 1,
             stop_at_first: false,
+            medium: Medium::Block,
+            pmem_mutant: None,
         }
     }
 }
@@ -130,6 +140,8 @@ pub struct Report {
     pub elapsed_sec: f64,
     /// The mutant explored, if any.
     pub mutant: Option<String>,
+    /// What the log ran on: `block` or `pmem`.
+    pub medium: Medium,
     /// The first violation.
     pub first_violation: Option<FirstViolation>,
 }
@@ -158,10 +170,14 @@ impl Explorer {
     /// A new explorer.
     #[must_use]
     pub fn new(cfg: ExploreConfig) -> Self {
-        let mutant = cfg.mutant.map(|m| m.name().to_string());
+        let mutant = cfg
+            .mutant
+            .map(|m| m.name().to_string())
+            .or_else(|| cfg.pmem_mutant.map(|m| m.name().to_string()));
+        let medium = cfg.medium;
         Explorer {
             cfg,
-            report: Report { all_exhaustive: true, mutant, ..Report::default() },
+            report: Report { all_exhaustive: true, mutant, medium, ..Report::default() },
             unique: HashSet::new(),
             started: Instant::now(),
             starts: BTreeMap::new(),
@@ -199,11 +215,8 @@ impl Explorer {
     pub fn run(&mut self, workload: &Workload, start: Start, branch_all: bool) {
         self.report.workloads += 1;
         let (image, model) = self.start_state(start);
-        let dev = RecordingDevice::new(CrashDevice::from_image(
-            image,
-            CrashConfig::with_seed(self.cfg.seed),
-        ));
-        let log = match Log::open(dev.clone(), self.open_options()) {
+        let dev = Recorder::new(self.cfg.medium, &image, self.cfg.seed, self.view());
+        let log = match Log::open(dev.device(), self.open_options()) {
             Ok((log, _)) => log,
             Err(e) => {
                 let at = At { workload, start, op_index: 0 };
@@ -227,7 +240,7 @@ impl Explorer {
         workload: &Workload,
         start: Start,
         first_op: usize,
-        dev: &Arc<RecordingDevice>,
+        dev: &Recorder,
         log: Log,
         mut model: Model,
         branch_all: bool,
@@ -237,19 +250,31 @@ impl Explorer {
             let at = At { workload, start, op_index: i };
             if op == Op::Crash {
                 drop(log);
-                let mut images: Vec<Image> =
-                    dev.inner().crash_images(self.crash_options(workload, start, i)).collect();
+                let mut images: Vec<Image> = match dev {
+                    Recorder::Block(d) => {
+                        d.inner().crash_images(self.crash_options(workload, start, i)).collect()
+                    }
+                    Recorder::Pmem(_) => {
+                        let seed = self.point_seed(workload, start, i);
+                        let samples = self.cfg.crash.samples;
+                        let passes = medium::passes(
+                            &dev.point_now(),
+                            self.pmem_geometry(),
+                            samples,
+                            0,
+                            seed,
+                        );
+                        passes.into_iter().flat_map(|p| p.images).collect()
+                    }
+                };
                 rng.shuffle(&mut images);
                 images.truncate(if branch_all { self.cfg.branch_max } else { 1 });
                 for image in images {
                     if self.done() {
                         return;
                     }
-                    let next = RecordingDevice::new(CrashDevice::from_image(
-                        image,
-                        CrashConfig::with_seed(rng.u64(..)),
-                    ));
-                    let Ok((log, rec)) = Log::open(next.clone(), self.open_options()) else {
+                    let next = Recorder::new(self.cfg.medium, &image, rng.u64(..), self.view());
+                    let Ok((log, rec)) = Log::open(next.device(), self.open_options()) else {
                         continue; // judged (I5) at the crash point before
                     };
                     let mut model = model.clone();
@@ -278,7 +303,7 @@ impl Explorer {
                 }
             }
             self.check_point(
-                &dev.inner().crash_point(),
+                &dev.point_now(),
                 std::slice::from_ref(&model),
                 at,
                 &mut HashSet::new(),
@@ -307,12 +332,16 @@ impl Explorer {
     /// at most `crash.exhaustive_images_max`, sampled beyond), each distinct image once.
     fn check_point(
         &mut self,
-        point: &CrashPoint,
+        point: &Point,
         models: &[Model],
         at: At<'_>,
         seen: &mut HashSet<u64>,
     ) {
         self.report.crash_points += 1;
+        let point = match point {
+            Point::Block(p) => p,
+            Point::Pmem(_) => return self.check_pmem_point(point, models, at, seen),
+        };
         let torn = self.crash_options(at.workload, at.start, at.op_index);
         let untorn =
             CrashOptions { tearing: false, exhaustive_images_max: 1 << 16, ..torn.clone() };
@@ -337,6 +366,45 @@ impl Explorer {
             self.report.all_exhaustive &= exhaustive;
             self.report.sampled_passes += u64::from(!exhaustive);
         }
+    }
+
+    /// Every cache-line image at a persistent-memory point (exhaustive when few, else
+    /// `crash.samples` draws), recovered and judged, each distinct image once.
+    fn check_pmem_point(
+        &mut self,
+        point: &Point,
+        models: &[Model],
+        at: At<'_>,
+        seen: &mut HashSet<u64>,
+    ) {
+        let seed = self.point_seed(at.workload, at.start, at.op_index);
+        let samples = self.cfg.crash.samples;
+        for pass in medium::passes(point, self.pmem_geometry(), samples, 0, seed) {
+            for image in &pass.images {
+                let hash = image_hash(image);
+                if !seen.insert(hash) {
+                    continue;
+                }
+                self.report.states_checked += 1;
+                self.unique.insert(hash);
+                if let Err(v) = self.check_image(image, models) {
+                    self.record(at, v);
+                    if self.done() {
+                        return;
+                    }
+                }
+            }
+            self.report.all_exhaustive &= pass.exhaustive;
+            self.report.sampled_passes += u64::from(!pass.exhaustive);
+        }
+    }
+
+    fn view(&self) -> BlockView {
+        medium::explorer_view(self.cfg.block_size, self.cfg.pmem_mutant)
+    }
+
+    fn pmem_geometry(&self) -> Geometry {
+        Geometry { atomic_write_size: 8, ..self.geometry() }
     }
 
     /// Judge one image: it must be a legal outcome of at least one of `models` (one model
@@ -414,6 +482,24 @@ impl Explorer {
     /// Crash inside recovery: its superblock write done, its flush failed. Every image that
     /// leaves must recover to the same survivors.
     fn check_recovery_crashes(&mut self, image: &Image, rec: &Recovery) -> Result<(), Violation> {
+        if self.cfg.medium == Medium::Pmem {
+            // On persistent memory: images drawn before the fences of a recovery on the
+            // cache-line simulator.
+            let dev = Mounted::new(Medium::Pmem, image, self.cfg.seed, self.view());
+            let opts = self.open_options();
+            let _ = catch_unwind(AssertUnwindSafe(|| Log::open(dev.device(), opts)));
+            for (inner, _) in dev.recovery_crash_images(image, 16, self.cfg.seed, |_| {}) {
+                self.report.recovery_crash_states += 1;
+                let again = self.recover(Arc::new(MemDevice::from_image(inner)))?;
+                if survivor_tags(&again) != survivor_tags(rec) {
+                    return Err(Violation {
+                        invariant: Invariant::I6Idempotent,
+                        message: "a crash inside recovery on pmem changed what survives".into(),
+                    });
+                }
+            }
+            return Ok(());
+        }
         let faults = FaultPlan { flush_eio_nth: Some(1), ..FaultPlan::none() };
         let dev = Arc::new(CrashDevice::from_image(
             image.clone(),
@@ -482,8 +568,12 @@ impl Explorer {
         *self.report.violations_by_invariant.entry(v.invariant.name().to_string()).or_default() +=
             1;
         if self.report.first_violation.is_none() {
-            let mutant =
-                self.cfg.mutant.map_or(String::new(), |m| format!(" --mutant {}", m.name()));
+            let mutant = self
+                .cfg
+                .mutant
+                .map(Mutant::name)
+                .or(self.cfg.pmem_mutant.map(BlockMutant::name))
+                .map_or(String::new(), |m| format!(" --mutant {m}"));
             let start = match at.start {
                 Start::Empty => "empty",
                 Start::NearlyFull => "nearly-full",
@@ -498,8 +588,8 @@ impl Explorer {
                 message: v.message,
                 states_before: self.report.states_checked,
                 replay: format!(
-                    "tally crash log --workload {} --start {start} --seed {}{mutant} --json",
-                    at.workload, self.cfg.seed
+                    "tally crash log --medium {} --workload {} --start {start} --seed {}{mutant} --json",
+                    self.cfg.medium.name(), at.workload, self.cfg.seed
                 ),
             });
         }

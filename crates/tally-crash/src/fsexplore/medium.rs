@@ -59,19 +59,19 @@ pub fn explorer_view(block_size: u32, mutant: Option<BlockMutant>) -> BlockView 
 }
 
 /// The device a workload runs on, recording crash points inside operations.
-pub(super) enum Recorder {
+pub(crate) enum Recorder {
     Block(Arc<RecordingDevice>),
     Pmem(Arc<PmemSimDevice>),
 }
 
 /// A frozen crash state on either medium.
-pub(super) enum Point {
+pub(crate) enum Point {
     Block(CrashPoint),
     Pmem(PmemCrashPoint),
 }
 
 impl Recorder {
-    pub(super) fn new(medium: Medium, image: &Image, seed: u64, view: BlockView) -> Self {
+    pub(crate) fn new(medium: Medium, image: &Image, seed: u64, view: BlockView) -> Self {
         match medium {
             Medium::Block => Recorder::Block(RecordingDevice::new(CrashDevice::from_image(
                 image.clone(),
@@ -81,28 +81,28 @@ impl Recorder {
         }
     }
 
-    pub(super) fn device(&self) -> Arc<dyn Device> {
+    pub(crate) fn device(&self) -> Arc<dyn Device> {
         match self {
             Recorder::Block(d) => d.clone(),
             Recorder::Pmem(d) => d.clone(),
         }
     }
 
-    pub(super) fn set_recording(&self, on: bool) {
+    pub(crate) fn set_recording(&self, on: bool) {
         match self {
             Recorder::Block(d) => d.set_recording(on),
             Recorder::Pmem(d) => d.set_recording(on),
         }
     }
 
-    pub(super) fn take_points(&self) -> Vec<Point> {
+    pub(crate) fn take_points(&self) -> Vec<Point> {
         match self {
             Recorder::Block(d) => d.take_points().into_iter().map(Point::Block).collect(),
             Recorder::Pmem(d) => d.take_points().into_iter().map(Point::Pmem).collect(),
         }
     }
 
-    pub(super) fn point_now(&self) -> Point {
+    pub(crate) fn point_now(&self) -> Point {
         match self {
             Recorder::Block(d) => Point::Block(d.inner().crash_point()),
             Recorder::Pmem(d) => Point::Pmem(d.crash_point()),
@@ -111,17 +111,17 @@ impl Recorder {
 }
 
 /// The images of one pass at a point, and whether the pass was exhaustive.
-pub(super) struct Pass {
-    pub(super) images: Vec<Image>,
-    pub(super) exhaustive: bool,
+pub(crate) struct Pass {
+    pub(crate) images: Vec<Image>,
+    pub(crate) exhaustive: bool,
     /// The untorn pass of a block point (its exhaustiveness is what `all_exhaustive` reports);
     /// every pmem pass counts.
-    pub(super) primary: bool,
+    pub(crate) primary: bool,
 }
 
 /// The passes at `point`: untorn then torn images on a block device; one pass of cache-line
 /// images on persistent memory, `samples + torn_samples` draws when too many to enumerate.
-pub(super) fn passes(
+pub(crate) fn passes(
     point: &Point,
     geometry: Geometry,
     samples: usize,
@@ -173,7 +173,7 @@ pub(super) fn passes(
 }
 
 /// A judged image mounted on its medium, with what a later check needs.
-pub(super) enum Mounted {
+pub(crate) enum Mounted {
     Block(Arc<CrashDevice>),
     Pmem(Arc<PmemSimDevice>),
 }
@@ -181,7 +181,7 @@ pub(super) enum Mounted {
 impl Mounted {
     /// A device holding `image` as its durable contents; on persistent memory it records the
     /// crash points of the recovery about to run on it.
-    pub(super) fn new(medium: Medium, image: &Image, seed: u64, view: BlockView) -> Self {
+    pub(crate) fn new(medium: Medium, image: &Image, seed: u64, view: BlockView) -> Self {
         match medium {
             Medium::Block => Mounted::Block(Arc::new(CrashDevice::from_image(
                 image.clone(),
@@ -195,7 +195,7 @@ impl Mounted {
         }
     }
 
-    pub(super) fn device(&self) -> Arc<dyn Device> {
+    pub(crate) fn device(&self) -> Arc<dyn Device> {
         match self {
             Mounted::Block(d) => d.clone(),
             Mounted::Pmem(d) => d.clone(),
@@ -203,7 +203,7 @@ impl Mounted {
     }
 
     /// What survives a crash that keeps nothing pending.
-    pub(super) fn durable_image(&self) -> Image {
+    pub(crate) fn durable_image(&self) -> Image {
         match self {
             Mounted::Block(d) => d.durable_image(),
             Mounted::Pmem(d) => d.durable_image(),
@@ -215,7 +215,7 @@ impl Mounted {
     ///
     /// Block: inside = a second recovery whose first flush fails, its crash images. Pmem:
     /// inside = images drawn at the points recorded before the recovery's flushes and fences.
-    pub(super) fn recovery_crash_images(
+    pub(crate) fn recovery_crash_images(
         &self,
         image: &Image,
         max: usize,

@@ -23,7 +23,7 @@
 //!
 //! One seed reproduces everything; `docs/FS-CRASH-TESTING.md` has the counts.
 
-mod medium;
+pub(crate) mod medium;
 mod model;
 mod run;
 mod workload;
