@@ -2,6 +2,7 @@
 //! command line, sets up logging and maps outcomes to exit codes.
 
 mod atomic;
+mod barrier;
 mod bench;
 mod crash;
 mod crash_fs;
@@ -69,6 +70,8 @@ enum Command {
     Umount(mount::UmountArgs),
     /// Run a command so that all it changes under a Tally mount is one transaction.
     Atomic(atomic::Args),
+    /// Order later changes to files after earlier ones, without waiting for the device.
+    Barrier(barrier::Args),
     /// Check a Tally image read-only: every checksum, every cross-reference (exit 4 if corrupt).
     Fsck(fsck::Args),
     /// Show a Tally image read-only: superblocks, streams, segments, what is durable.
@@ -101,6 +104,7 @@ fn main() -> ExitCode {
         Command::Mount(args) => mount::run_mount(&args),
         Command::Umount(args) => mount::run_umount(&args),
         Command::Atomic(args) => atomic::run(&args),
+        Command::Barrier(args) => barrier::run(&args),
         Command::Fsck(args) => fsck::run(&args),
         Command::Inspect(args) => inspect::run(&args),
     }
