@@ -162,7 +162,7 @@ fn symlinks_at_and_past_path_max(d: &Path) -> Vec<String> {
 }
 
 fn writes_past_the_largest_file(d: &Path) -> Vec<String> {
-    let f = OpenOptions::new().create(true).read(true).write(true).open(d.join("big")).unwrap();
+    let f = OpenOptions::new().create_new(true).read(true).write(true).open(d.join("big")).unwrap();
     // Both cap files at 16 TiB (ext4: 2^32 blocks of 4 KiB; Tally: FILE_SIZE_MAX = 2^44).
     vec![
         outcome(f.write_at(b"x", (1 << 44) - (1 << 20))),
