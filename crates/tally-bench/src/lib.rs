@@ -6,6 +6,8 @@
 //! - [`recovery`]: how fast [`tally_log::Log::open`] scans a full log;
 //! - [`fs`]: the file system's stream policies (per file, per thread, one stream) and its two
 //!   mount paths (clean-unmount snapshot, scan after a crash);
+//! - [`fs_peers`]: the file system against ext4 and SQLite on same-size block devices, its mount
+//!   of 100,000 files, and the write amplification of its cleaning;
 //! - [`peer`], [`varmail`], [`append`], [`multicommit`]: one timed window of a workload that
 //!   `bench/run.sh` runs side by side with ext4, SQLite, RocksDB, LMDB and a FUSE pass-through.
 //!
@@ -21,6 +23,7 @@
 mod error;
 pub mod append;
 pub mod fs;
+pub mod fs_peers;
 pub mod measure;
 pub mod multicommit;
 pub mod peer;

@@ -13,6 +13,7 @@ use tally_log::CommitMode;
 
 use crate::{fail, EXIT_IO_FAILURE};
 
+mod fs_peers;
 mod peer;
 
 /// Benchmarks.
@@ -25,6 +26,10 @@ pub enum Command {
     /// The file system: create+write+fsync per stream policy, and mount after a clean unmount
     /// (snapshot) against mount after a crash (scan).
     Fs(FsArgs),
+    /// The file system against ext4 (append, create) and SQLite (atomic multi-file update) on
+    /// same-size block devices in one run; mount of 100,000 files; cleaning's write
+    /// amplification. `bench/fs.sh` sets up the devices and writes docs/bench/fs.md.
+    FsPeers(fs_peers::FsPeersArgs),
     /// One timed window of a workload measured side by side with other systems (varmail,
     /// append stream, multi-file commit); `bench/run.sh` runs them all and writes the report.
     #[command(subcommand)]
@@ -178,6 +183,7 @@ pub fn run(cmd: &Command) -> ExitCode {
             finish(tally_bench::fs::run(&options, &progress), a.json, fs_table)
         }
         Command::Peer(p) => peer::run(p),
+        Command::FsPeers(a) => fs_peers::run(a),
     }
 }
 
