@@ -1,88 +1,110 @@
 #!/usr/bin/env bash
-# Issue #4's file-system measurements: builds `tally` (release), runs `tally bench fs` on a file
-# in $BENCH_DIR (default /var/tmp, which must not be tmpfs: O_DIRECT), and writes
-# docs/bench/fs.md plus the raw JSON report in docs/bench/fs-data/.
+# Issue #4's file-system benchmarks: builds `tally` (release), makes two same-size files in
+# $BENCH_DIR (default /var/tmp; not tmpfs), attaches them as loop devices (direct I/O), puts ext4
+# (data=ordered) on one, and runs on the other, in one run:
+#   - `tally bench fs-peers`: Tally against ext4 (append, create) and SQLite (atomic update of
+#     several files), mount of 100,000 files, write amplification of cleaning;
+#   - `tally bench fs`: the stream policies and the two mount paths.
+# Writes docs/bench/fs.md (via bench/fs_report.py) and the raw JSON in docs/bench/fs-data/.
+# Needs root (losetup, mount). Loop devices, the mount and the files go on every exit path.
 #
-#   bench/fs.sh                          # well under a minute on a 2-core VM
-#   THREADS=4 FILES=500 RUNS=5 BENCH_DIR=/mnt/ssd bench/fs.sh
+#   bench/fs.sh                       # ~6 minutes on a 2-core VM
+#   QUICK=1 bench/fs.sh               # smoke run (~1 minute): prints the tables, writes nothing
+#   RUNS=5 SECONDS_PER_RUN=5 SIZE=2G BENCH_DIR=/mnt/ssd bench/fs.sh
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BENCH_DIR=${BENCH_DIR:-/var/tmp}
-THREADS=${THREADS:-4}
-FILES=${FILES:-500}
-RUNS=${RUNS:-5}
+SIZE=${SIZE:-1G}
+RUNS=${RUNS:-3}
+SECS=${SECONDS_PER_RUN:-3}
+QUICK=${QUICK:-}
 OUT_MD="$ROOT/docs/bench/fs.md"
 OUT_DATA="$ROOT/docs/bench/fs-data"
-FILE="$BENCH_DIR/tally-bench-fs.$$.img"
 
-command -v python3 >/dev/null || { echo "bench/fs.sh: needs python3 to write the report" >&2; exit 2; }
-if [ "$(stat -f -c %T "$BENCH_DIR")" = tmpfs ]; then
-  echo "bench/fs.sh: $BENCH_DIR is tmpfs; O_DIRECT needs a real file system (set BENCH_DIR)" >&2
-  exit 2
-fi
+die() { echo "bench/fs.sh: $*" >&2; exit 2; }
+[ "$(id -u)" = 0 ] || die "needs root (losetup, mkfs.ext4, mount)"
+for tool in losetup mkfs.ext4 mount umount python3; do
+  command -v "$tool" >/dev/null || die "needs $tool"
+done
+fstype=$(stat -f -c %T "$BENCH_DIR")
+[ "$fstype" != tmpfs ] || die "$BENCH_DIR is tmpfs; O_DIRECT needs a real file system (set BENCH_DIR)"
+
 cd "$ROOT"
-cargo build --release -q -p tally
+cargo build --release --all-features -q -p tally
 BUILT_FROM="$(git rev-parse --short HEAD)"
 git diff --quiet HEAD -- crates/tally-fs crates/tally-log crates/tally-media crates/tally-bench \
   || BUILT_FROM="$BUILT_FROM + uncommitted changes to the measured crates"
 TALLY="${CARGO_TARGET_DIR:-$ROOT/target}/release/tally"
-trap 'rm -f "$FILE"' EXIT
+
+TALLY_IMG="$BENCH_DIR/tally-bench-fs.$$.tally.img"
+EXT4_IMG="$BENCH_DIR/tally-bench-fs.$$.ext4.img"
+MNT=""
+TALLY_DEV=""
+EXT4_DEV=""
+cleanup() {
+  set +e
+  [ -n "$MNT" ] && mountpoint -q "$MNT" && umount "$MNT"
+  [ -n "$MNT" ] && rmdir "$MNT"
+  [ -n "$TALLY_DEV" ] && losetup -d "$TALLY_DEV"
+  [ -n "$EXT4_DEV" ] && losetup -d "$EXT4_DEV"
+  rm -f "$TALLY_IMG" "$EXT4_IMG"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Same size, same directory, every block written once: neither side pays for allocating its
+# backing file's blocks during the measurements.
+echo "== preparing two $SIZE files in $BENCH_DIR" >&2
+for img in "$TALLY_IMG" "$EXT4_IMG"; do
+  truncate -s "$SIZE" "$img"
+  dd if=/dev/zero of="$img" bs=4M count=$(( $(stat -c %s "$img") / 4194304 )) oflag=direct \
+    conv=notrunc,fsync status=none
+done
+TALLY_DEV=$(losetup -f --show --direct-io=on "$TALLY_IMG")
+EXT4_DEV=$(losetup -f --show --direct-io=on "$EXT4_IMG")
+# No discard (it would punch holes in the backing file), no lazy initialisation (a kernel thread
+# would write inode tables during the measurements).
+mkfs.ext4 -q -F -E nodiscard,lazy_itable_init=0,lazy_journal_init=0 "$EXT4_DEV"
+MNT=$(mktemp -d /tmp/tally-bench-fs.XXXXXX)
+mount -t ext4 -o data=ordered "$EXT4_DEV" "$MNT"
+MOUNT_OPTS=$(findmnt -n -o OPTIONS "$MNT")
+LOOP_DIO=$(cat "/sys/block/$(basename "$TALLY_DEV")/loop/dio")
+
+if [ -n "$QUICK" ]; then
+  "$TALLY" bench fs-peers --tally-dev "$TALLY_DEV" --ext4-dir "$MNT" --force --quick
+  "$TALLY" bench fs --path "$TALLY_DEV" --force --files 100 --runs 1
+  exit 0
+fi
 
 mkdir -p "$OUT_DATA"
-CMD="tally bench fs --path $BENCH_DIR/<scratch>.img --threads $THREADS --files $FILES --runs $RUNS --json"
-LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
-STARTED=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-"$TALLY" bench fs --path "$FILE" --threads "$THREADS" --files "$FILES" --runs "$RUNS" --json >"$OUT_DATA/fs.json"
-FINISHED=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-python3 - "$OUT_DATA/fs.json" "$OUT_MD" "$STARTED" "$FINISHED" "$(uname -r)" "$(nproc)" \
-  "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" \
-  "$(stat -f -c %T "$BENCH_DIR")" "$BUILT_FROM" "$CMD" "$LOAD_BEFORE" <<'PY'
+rm -f "$OUT_DATA"/*.json "$OUT_DATA"/*.txt
+echo "start: $(cut -d' ' -f1-3 /proc/loadavg)" >"$OUT_DATA/load.txt"
+others() {
+  ps -eo pcpu=,comm= --sort=-pcpu | awk '$2 != "tally" && $2 !~ /^kworker/ && $1 >= 10 {printf "%s(%s%%) ", $2, $1}'
+}
+STARTED=$(date -u +%Y-%m-%dT%H:%MZ)
+echo "fs-peers: $(cut -d' ' -f1-3 /proc/loadavg) others>=10%cpu: $(others)" >>"$OUT_DATA/load.txt"
+echo "tally bench fs-peers --tally-dev \$TALLY_LOOP --ext4-dir \$EXT4_MOUNT --force --runs $RUNS --seconds $SECS --json" >>"$OUT_DATA/commands.txt"
+"$TALLY" bench fs-peers --tally-dev "$TALLY_DEV" --ext4-dir "$MNT" --force \
+  --runs "$RUNS" --seconds "$SECS" --json >"$OUT_DATA/fs-peers.json"
+echo "fs: $(cut -d' ' -f1-3 /proc/loadavg) others>=10%cpu: $(others)" >>"$OUT_DATA/load.txt"
+echo "tally bench fs --path \$TALLY_LOOP --force --threads 4 --files 500 --runs $RUNS --json" >>"$OUT_DATA/commands.txt"
+"$TALLY" bench fs --path "$TALLY_DEV" --force --threads 4 --files 500 --runs "$RUNS" --json \
+  >"$OUT_DATA/fs.json"
+echo "end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT_DATA/load.txt"
+FINISHED=$(date -u +%Y-%m-%dT%H:%MZ)
+
+# What the report needs besides the JSON, kept beside it so the report can be rewritten from
+# docs/bench/fs-data alone (python3 bench/fs_report.py docs/bench/fs-data docs/bench/fs.md).
+python3 - "$OUT_DATA/meta.json" "$STARTED" "$FINISHED" "$(uname -sr)" "$(nproc)" \
+  "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')" \
+  "$fstype" "$SIZE" "$BUILT_FROM" "$MOUNT_OPTS" "$LOOP_DIO" <<'PY'
 import json, sys
-src, out, started, finished, kernel, ncpu, cpu, fstype, built, cmd, load = sys.argv[1:12]
-r = json.load(open(src))
-sp = lambda s, d=0: f"{s['median']:.{d}f} [{s['min']:.{d}f}–{s['max']:.{d}f}]"
-base = r["policies"][0]["rounds_per_s"]["median"]
-lines = [
-    "# File-system measurements (issue #4)",
-    "",
-    f"Generated by `bench/fs.sh` from `docs/bench/fs-data/fs.json`; built from {built}.",
-    f"Machine: {ncpu} CPUs ({cpu}), Linux {kernel}, image on {fstype}; load before: {load}.",
-    f"Run {started} – {finished}. Command: `{cmd}`.",
-    "",
-    "Figures are medians with the [min–max] of the runs; only ratios measured in this one run",
-    "are results (the machine is shared and its virtual disk barely honours flushes: see",
-    "`docs/bench/tx.md`).",
-    "",
-    "## Stream policy",
-    "",
-    f"{r['threads']} threads, each creating {r['files']} files in its own directory, writing",
-    f"{r['write_bytes']} bytes to each and fsyncing it.",
-    "",
-    "| policy | streams | rounds/s | vs per-file | flushes per fsync | CPU µs per round |",
-    "|---|---|---|---|---|---|",
-]
-for p in r["policies"]:
-    lines.append(f"| {p['policy']} | {p['streams']} | {sp(p['rounds_per_s'])} | "
-                 f"{p['rounds_per_s']['median'] / base:.2f}× | {sp(p['flushes_per_fsync'], 2)} | "
-                 f"{sp(p['cpu_us_per_round'])} |")
-m = r["mount"]
-lines += [
-    "",
-    "## Mount",
-    "",
-    f"The last image ({m['snapshot']['inodes']} inodes) unmounted cleanly and mounted (snapshot),",
-    "then dropped without unmount and mounted again (scan of the log and replay of its records).",
-    "",
-    "| mount | time (ms) | blocks read | transactions replayed |",
-    "|---|---|---|---|",
-    f"| after a clean unmount (snapshot) | {m['snapshot']['time'] * 1e3:.2f} | {m['snapshot']['blocks_read']} | {m['snapshot']['transactions_replayed']} |",
-    f"| after a crash (scan + replay) | {m['scan']['time'] * 1e3:.2f} | {m['scan']['blocks_read']} | {m['scan']['transactions_replayed']} |",
-    "",
-    f"Scan / snapshot: **{m['scan_over_snapshot']:.1f}×** (one mount of each; the scan reads every",
-    "segment of every stream, data included, the snapshot only its own blocks).",
-    "",
-]
-open(out, "w").write("\n".join(lines))
+keys = ["started", "finished", "kernel", "cpus", "cpu_model", "backing_fs", "size", "built_from",
+        "ext4_mount_options", "loop_direct_io"]
+with open(sys.argv[1], "w") as f:
+    json.dump(dict(zip(keys, sys.argv[2:])), f, indent=1)
 PY
-echo "bench/fs.sh: wrote $OUT_MD"
+python3 "$ROOT/bench/fs_report.py" "$OUT_DATA" "$OUT_MD"
+echo "bench/fs.sh: wrote ${OUT_MD#"$ROOT"/}" >&2

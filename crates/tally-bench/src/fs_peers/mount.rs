@@ -9,6 +9,7 @@ use tally_fs::{Fs, MkfsOptions, MountOptions, MountReport, ROOT};
 use tally_media::Device;
 
 use super::{fs_err, TallySide, ME};
+use crate::measure::process_cpu_time;
 use crate::{BenchError, Spread};
 
 /// Files per directory.
@@ -31,10 +32,14 @@ pub struct MountSection {
     pub unmount_s: Spread,
     /// Mounts after a clean unmount, seconds.
     pub snapshot_s: Spread,
+    /// Process CPU time of those mounts, seconds (all threads).
+    pub snapshot_cpu_s: Spread,
     /// Blocks the snapshot mount read.
     pub snapshot_blocks_read: u64,
     /// Mounts after a crash, seconds.
     pub scan_s: Spread,
+    /// Process CPU time of those mounts, seconds (all threads).
+    pub scan_cpu_s: Spread,
     /// Blocks the scan read (the log).
     pub scan_blocks_read: u64,
     /// Log transactions the scan replayed.
@@ -110,6 +115,7 @@ pub(crate) fn run(
     let inodes = u64::from(files) + u64::from(files.div_ceil(FILES_PER_DIR)) + 1;
 
     let (mut unmount_s, mut snapshot_s, mut snapshot_blocks_read) = (Vec::new(), Vec::new(), 0);
+    let (mut snapshot_cpu, mut scan_cpu) = (Vec::new(), Vec::new());
     let mut fs = Some(fs);
     for run in 0..runs {
         progress(&format!("mount: clean unmount and snapshot mount {}/{runs}", run + 1));
@@ -118,8 +124,10 @@ pub(crate) fn run(
             fs.unmount().map_err(fs_err)?;
         }
         unmount_s.push(t.elapsed().as_secs_f64());
+        let cpu0 = process_cpu_time();
         let mounted = Fs::mount(dev.clone(), MountOptions::default()).map_err(fs_err)?;
         let r = mounted.mount_report();
+        snapshot_cpu.push((process_cpu_time() - cpu0).as_secs_f64());
         check(&r, true, inodes)?;
         snapshot_s.push(r.time.as_secs_f64());
         snapshot_blocks_read = r.blocks_read;
@@ -129,8 +137,10 @@ pub(crate) fn run(
     for run in 0..runs {
         progress(&format!("mount: crash and scan mount {}/{runs}", run + 1));
         drop(fs.take()); // a crash: no unmount, no snapshot
+        let cpu0 = process_cpu_time();
         let mounted = Fs::mount(dev.clone(), MountOptions::default()).map_err(fs_err)?;
         let r = mounted.mount_report();
+        scan_cpu.push((process_cpu_time() - cpu0).as_secs_f64());
         check(&r, false, inodes)?;
         scan_s.push(r.time.as_secs_f64());
         scan_blocks_read = r.blocks_read;
@@ -146,8 +156,10 @@ pub(crate) fn run(
         create_s,
         unmount_s: Spread::of(unmount_s),
         snapshot_s,
+        snapshot_cpu_s: Spread::of(snapshot_cpu),
         snapshot_blocks_read,
         scan_s,
+        scan_cpu_s: Spread::of(scan_cpu),
         scan_blocks_read,
         transactions_replayed,
         scan_over_snapshot: scan_s.median / snapshot_s.median.max(1e-9),
