@@ -21,7 +21,7 @@ import time
 WORK, OUT, TALLY, LMDB = sys.argv[1:5]
 QUICK = "--quick" in sys.argv[5:]
 RUNS = 3
-SECS = 2 if QUICK else 4
+SECS = 2 if QUICK else 5
 SIZE = "2G"
 
 results = {"quick": QUICK, "runs": RUNS, "seconds": SECS, "image_size": SIZE, "windows": [],
@@ -201,8 +201,9 @@ def record(workload, system, config, run, ops, seconds, payload, counters, cpu_s
 
 
 def save():
+    # The scratch directory's path is this machine's: the committed data names it $WORK.
     with open(OUT, "w") as f:
-        json.dump(results, f, indent=1)
+        f.write(json.dumps(results, indent=1).replace(WORK, "$WORK"))
 
 
 def attempt(label, fn):
@@ -372,10 +373,10 @@ def tx_sweeps():
     secs = "2" if QUICK else "3"
     sweeps = [("blocks-1", ["--threads", "1", "--blocks", "1",
                             "--modes", "classic,count,ordered,orderless"])]
-    for b in ([] if QUICK else [16]):
+    for b in ([] if QUICK else [4, 16]):
         sweeps.append((f"blocks-{b}", ["--threads", "1", "--blocks", str(b),
                                        "--modes", "classic,count,ordered,orderless"]))
-    for th in ([] if QUICK else [8]):
+    for th in ([] if QUICK else [2, 8]):
         sweeps.append((f"threads-{th}", ["--threads", str(th), "--blocks", "1",
                                          "--modes", "classic,count,ordered,orderless"]))
     for name, args in sweeps:
@@ -391,8 +392,8 @@ def tx_sweeps():
 def main():
     global plan_total
     fuse_systems = ["tally-fuse", "ext4-ordered", "ext4-journal", "ext4-nj", "bindfs"]
-    fio_cfgs = [("4k", 1)] if QUICK else [("4k", 1), ("16k", 1), ("128k", 1), ("4k", 4),
-                                          ("4k", 8)]
+    fio_cfgs = [("4k", 1)] if QUICK else [("4k", 1), ("16k", 1), ("64k", 1), ("128k", 1),
+                                          ("4k", 2), ("4k", 4), ("4k", 8)]
     db_threads = [1] if QUICK else [1, 8]
     ns = [2] if QUICK else [1, 2, 4, 8]
     commit_peers = ["tally-lib", "sqlite-rollback@ext4-ordered", "sqlite-wal@ext4-ordered",
@@ -401,7 +402,7 @@ def main():
     plan_total = RUNS * (len(fuse_systems) * (len(fio_cfgs) + 2)
                          + 4 * len(db_threads) + 3 * len(ns)
                          + len(ns) * len(commit_peers) + len(append_systems))
-    plan_total += 1 + (0 if QUICK else 2) + 1
+    plan_total += 1 + (0 if QUICK else 4) + 1
     setup()
     # Phase A: everything mounted, Tally through FUSE.
     for run in range(RUNS):

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Issue #6: Tally side by side with what users pick instead, in one run, on one machine.
 #
-#   sudo bench/run.sh            # full run (about 40 minutes on a 2-core VM)
+#   sudo bench/run.sh            # full run (about 45 minutes on a 2-core VM)
 #   sudo bench/run.sh --quick    # smoke check, under 10 minutes (same workloads, fewer configs)
 #
-# Installs what is missing (Debian/Ubuntu: fio, db_bench, bindfs, LMDB, e2fsprogs, matplotlib),
+# Installs what is missing (Debian/Ubuntu: fio, db_bench, bindfs, LMDB, e2fsprogs, matplotlib, perf),
 # builds Tally (release), makes one same-size image file per system in $BENCH_DIR (default
 # /var/tmp; not tmpfs), attaches each to a loop device, makes ext4 data=ordered / data=journal /
 # no journal, a bindfs pass-through, and a Tally file system mounted through FUSE, runs every
 # workload with runs interleaved (bench/peers.py), then writes docs/bench/README.md and the
-# plots (bench/peers_report.py). Every mount and loop device it made is removed on exit.
+# plots (bench/peers_report.py), with perf profiles of the Tally side (bench/profile.sh). Every
+# mount and loop device it made is removed on exit.
 #
 # Needs root (loop devices, mount). Everything runs on the same backing file system.
 set -euo pipefail
@@ -21,7 +22,7 @@ case "${1:-}" in
   --quick) QUICK=--quick ;;
   "") ;;
   -h | --help)
-    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
   *)
@@ -56,7 +57,9 @@ fi
 
 cd "$ROOT"
 echo "== building tally (release)" >&2
-cargo build --release -q -p tally
+# --all-features: the flags every build of this workspace uses, so the binary is shared; the
+# deliberately broken variants it then contains run only when a test names one.
+cargo build --release -q --all-features -p tally
 TALLY="${CARGO_TARGET_DIR:-$ROOT/target}/release/tally"
 BUILT_FROM="$(git rev-parse --short HEAD)"
 git diff --quiet HEAD -- crates bench || BUILT_FROM="$BUILT_FROM + uncommitted changes"
@@ -81,9 +84,18 @@ mkdir -p "$DATA"
 started=$(date -u +%Y-%m-%dT%H:%MZ)
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)" >"$DATA/load.txt"
 "$PY" bench/peers.py "$WORK" "$DATA/results.json" "$TALLY" "$WORK/lmdb_commit" $QUICK
+echo "== profiles of the Tally side (perf)" >&2
+command -v perf >/dev/null || apt-get install -y -q --no-install-recommends linux-perf >/dev/null 2>&1 || true
+bench/profile.sh "$WORK" "$TALLY" "$DATA/profile.md" || echo "bench/run.sh: profiling failed; the report says so" >&2
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$DATA/load.txt"
 finished=$(date -u +%Y-%m-%dT%H:%MZ)
-probe=$("$TALLY" probe "$WORK/probe.img" --json 2>/dev/null || echo '{}')
+# The flush latency of the backing file system, as `tally probe` sees it (p50 and p99, µs).
+probe=$("$TALLY" probe "$WORK/probe.img" --json 2>/dev/null | "$PY" -c '
+import json, sys
+p = json.load(sys.stdin)
+print(json.dumps({k: {q: round(p[k][q], 1) for q in ("p50", "p99")}
+                  for k in ("write_4k_us", "fdatasync_us", "fua_write_us") if k in p}))' \
+  || echo '{}')
 rm -f "$WORK/probe.img"
 cat >"$DATA/machine.json" <<JSON
 {"started": "$started", "finished": "$finished", "kernel": "$(uname -sr)", "cpus": $(nproc),
