@@ -127,6 +127,16 @@ fn fsck_and_inspect_leave_every_byte_and_give_the_documented_exit_codes() {
     assert_eq!(code(&out), 8, "{}", text(&out));
     assert_eq!(json(&out)["status"], "unusable");
     assert_eq!(code(&tally(&["inspect"], &image)), 8);
+    // Mount refuses it before any FUSE work, with its own code for "not a Tally image".
+    let mnt = dir.join("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .args(["mount", "--foreground"])
+        .args([&image, &mnt])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2, "{}", text(&out));
+    assert!(text(&out).contains("is it a Tally image"), "{}", text(&out));
 
     // Truncated: shorter than its superblock says.
     let image = dir.join("truncated");
@@ -135,6 +145,12 @@ fn fsck_and_inspect_leave_every_byte_and_give_the_documented_exit_codes() {
     let out = tally(&["fsck"], &image);
     assert_eq!(code(&out), 8, "{}", text(&out));
     assert!(text(&out).contains("truncated"), "{}", text(&out));
+    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .args(["mount", "--foreground"])
+        .args([&image, &mnt])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2, "mount of a truncated image: {}", text(&out));
     File::options().write(true).open(&image).unwrap().set_len(100).unwrap();
     assert_eq!(code(&tally(&["fsck"], &image)), 8);
 
