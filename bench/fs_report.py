@@ -212,7 +212,7 @@ for r in missed:
     lo, hi = r["ratio_per_run"]["min"], r["ratio_per_run"]["max"]
     noisy = (f" The per-run ratios ({lo:.2f}–{hi:.2f}) lie on both sides of the target: within "
              "this run's noise." if lo < r["target"] <= hi else "")
-    w(f"- **{r['workload']}, {r['width']} {'files' if r['workload'] == 'atomic' else 'thread(s)'}: "
+    w(f"- **{r['workload']}, {r['width']} {'files' if r['workload'] == 'atomic' else ('thread' if r['width'] == 1 else 'threads')}: "
       f"{r['ratio_of_medians']:.2f}× against ≥ {r['target']:g}×.**{noisy} Tally sends "
       f"{tf:.2f} flushes per operation to the device, {r['peer']} {of:.2f}: where flushes set the "
       f"pace, Tally can be at most about {bound:.1f}× faster, "
@@ -225,10 +225,30 @@ for r in missed:
          "CPU per operation, on 2 CPUs shared with other jobs (load above), so here the run is "
          "bound by CPU as much as by flushes. " if t["cpu_us_per_op"]["median"]
          > 1.3 * o["cpu_us_per_op"]["median"] else ". ")
-      + "A loop device's flush is an fsync of its backing file on the host's file system, "
-      "whose cost does not scale with what is being flushed, so a design that halves the "
-      "flushes gains at most 2× here; with several threads both sides batch flushes (jbd2 "
-      "commits many fsyncs together, Tally's flusher groups waiters).")
+      + f"The device completed {tf * t['ops_per_s']['median']:.0f} of Tally's flushes per "
+      f"second and {of * o['ops_per_s']['median']:.0f} of {r['peer']}'s: not every flush costs "
+      "the same (ext4 sends two per journal commit, the second after only its commit block). "
+)
+if missed:
+    w("")
+    w("On every ratio miss: a loop device's flush is an fsync of its backing file on the host's "
+      "file system, whose cost barely depends on what is being flushed, so halving the flushes "
+      "gains at most 2× here; with several threads both sides batch flushes (jbd2 commits many "
+      "fsyncs in one transaction, Tally's flusher lets many waiters share one flush), so their "
+      "flush counts per operation end up only about 2× apart.")
+    w("")
+if any(r["workload"] == "append" for r in missed) and os.path.exists(
+        os.path.join(data_dir, "perf-append.txt")):
+    w("**Where Tally's CPU goes on append** ([`fs-data/perf-append.txt`](fs-data/perf-append.txt), "
+      "`perf record` of a separate one-thread append run on this machine): about 30 % of the "
+      "process's samples are `BTreeMap` clone and drop and the allocator. Before an operation "
+      "changes an inode, tally-fs pushes a copy of the whole inode — its block map included — "
+      "on the operation's undo log (`Cx::inode` in `crates/tally-fs/src/txn.rs`), so each append "
+      "to a file of n blocks copies n map entries: CPU per append grows with the file, and a "
+      "3-second run appends thousands of blocks to one file. The create workload writes one block "
+      "per new file and does not pay it. Keeping as pre-image only the part of the block map the "
+      "operation changes (the write's range) would remove it: a change to tally-fs.")
+    w("")
 if m and not m["met"]:
     cpu, wall = m["snapshot_cpu_s"]["median"], m["snapshot_s"]["median"]
     w(f"- **mount of {m['files']:,} files after a clean unmount: {wall:.3f} s against ≤ "
