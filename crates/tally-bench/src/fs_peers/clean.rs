@@ -266,3 +266,27 @@ fn one_run(
     };
     Ok((figures, inos.len() as u64, writes / 2))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tally_media::{IoBuf, MemDevice, WriteFlags};
+
+    #[test]
+    fn prefix_shows_its_blocks_and_refuses_the_rest() {
+        let inner: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 64).unwrap());
+        let p = Prefix { inner: inner.clone(), block_count: 16 };
+        assert_eq!(p.geometry().block_count, 16);
+        p.write_sync(vec![Write::new(15, IoBuf::zeroed(4096))], WriteFlags::default()).unwrap();
+        assert!(p
+            .submit(vec![Write::new(16, IoBuf::zeroed(4096))], WriteFlags::default())
+            .is_err());
+        assert!(p
+            .submit(vec![Write::new(15, IoBuf::zeroed(8192))], WriteFlags::default())
+            .is_err());
+        let mut buf = vec![0u8; 4096];
+        p.read(15, &mut buf).unwrap();
+        assert!(p.read(16, &mut buf).is_err());
+        assert_eq!(p.stats().bytes_written, inner.stats().bytes_written);
+    }
+}

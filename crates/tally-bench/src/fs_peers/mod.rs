@@ -382,3 +382,29 @@ fn row(
         tally_device_flushes_per_op: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(ops: u64, secs: f64, flushes: u64) -> Sample {
+        let block = BlockCounters { flushes, bytes_written: ops * 8192 };
+        Sample { ops, secs, cpu_s: 0.1, block }
+    }
+
+    #[test]
+    fn ratios_are_taken_run_by_run_and_of_the_medians() {
+        let tally = [sample(300, 1.0, 300), sample(200, 1.0, 200), sample(400, 1.0, 400)];
+        let ext4 = [sample(100, 1.0, 200), sample(100, 1.0, 200), sample(200, 1.0, 400)];
+        let r = row("append", 1, "ext4", 1.8, &tally, &ext4);
+        assert_eq!(r.tally.ops_per_s.median, 300.0);
+        assert_eq!(r.other.ops_per_s.median, 100.0);
+        assert_eq!(r.ratio_of_medians, 3.0);
+        assert_eq!((r.ratio_per_run.min, r.ratio_per_run.max), (2.0, 3.0));
+        assert_eq!(r.tally.flushes_per_op.median, 1.0);
+        assert_eq!(r.other.flushes_per_op.median, 2.0);
+        assert_eq!(r.tally.kib_written_per_op.median, 8.0);
+        assert!(r.met);
+        assert!(!row("append", 1, "ext4", 3.5, &tally, &ext4).met);
+    }
+}

@@ -167,3 +167,16 @@ pub(crate) fn run(
         met: snapshot_s.median <= snapshot_target_s,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mount_on_the_wrong_path_or_missing_inodes_is_refused() {
+        let ok = MountReport { from_snapshot: true, inodes: 5, ..MountReport::default() };
+        assert!(check(&ok, true, 5).is_ok());
+        assert!(check(&ok, false, 5).is_err());
+        assert!(check(&MountReport { inodes: 4, ..ok }, true, 5).is_err());
+    }
+}

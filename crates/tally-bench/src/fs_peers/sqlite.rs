@@ -90,3 +90,28 @@ impl Attached {
         tx.commit().map_err(lite_err)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_attached_database_is_updated_in_rollback_mode() {
+        let dir =
+            std::env::temp_dir().join(format!("tally-bench-sqlite-test.{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut a = Attached::open(&dir, 3, 4096).unwrap();
+        a.update(7).unwrap();
+        a.update(9).unwrap();
+        drop(a);
+        for i in 0..3 {
+            let c = Connection::open(dir.join(format!("db{i}.sqlite"))).unwrap();
+            let v: Vec<u8> = c.query_row("SELECT v FROM t WHERE k = 1", [], |r| r.get(0)).unwrap();
+            assert_eq!(v.len(), 4096);
+            assert_eq!(v[..8], 9u64.to_le_bytes());
+            let mode: String = c.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
+            assert_eq!(mode, "delete");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
