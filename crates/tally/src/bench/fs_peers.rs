@@ -21,7 +21,8 @@ Set-up (bench/fs.sh does all of it and cleans up on every exit):
 
 Exit codes: 0 done, 1 a device or file-system failure, 2 bad arguments or paths.")]
 pub struct FsPeersArgs {
-    /// Block device (or file) Tally runs on. Everything on it is overwritten (needs --force).
+    /// Block device Tally runs on; everything on it is overwritten (needs --force). A regular
+    /// file works too, but then flushes are counted on the disk under it, shared with all else.
     #[arg(long)]
     tally_dev: PathBuf,
     /// A directory on a mounted ext4 on another device of the same size; ext4 and SQLite run
