@@ -34,7 +34,8 @@ impl Fs {
     /// Verify the file system: every data block's crc (read from the device unless still
     /// cached), link counts against the entries naming each inode, directory entries against
     /// their inodes, parents, reachability from the root, sizes against blocks, symlink sizes,
-    /// and that no two blocks share a device block.
+    /// that no two blocks share a device block, and that every block lies in a segment some
+    /// stream's log holds.
     #[must_use]
     pub fn fsck(&self) -> FsckReport {
         self.fsck_with_progress(&mut |_, _| {})
@@ -46,6 +47,12 @@ impl Fs {
         let st = lock(&self.state);
         let mut r = FsckReport::default();
         let data_blocks_total: u64 = st.inodes.values().map(|i| i.blocks.len() as u64).sum();
+        // Segments some stream's log holds: a live block anywhere else sits in free space,
+        // where a later write would overwrite it.
+        let held: HashSet<u32> = (0..self.streams)
+            .flat_map(|s| self.log.segment_usage(s).unwrap_or_default())
+            .map(|u| u.segment)
+            .collect();
         progress(0, data_blocks_total);
         let mut named: HashMap<Ino, u32> = HashMap::new();
         let mut subdirs: HashMap<Ino, u32> = HashMap::new();
@@ -117,6 +124,18 @@ impl Fs {
                     r.problems
                         .push(format!("inode {ino}: block {b} shares device block {}", block.addr));
                 }
+                if block.tx.is_some() {
+                    match self.log.segment_of(block.addr) {
+                        None => r.problems.push(format!(
+                            "inode {ino}: block {b} at device block {} is outside the log",
+                            block.addr
+                        )),
+                        Some(seg) if !held.contains(&seg) => r.problems.push(format!(
+                            "inode {ino}: block {b} is in segment {seg}, which no stream holds"
+                        )),
+                        Some(_) => {}
+                    }
+                }
                 r.data_blocks += 1;
                 if r.data_blocks % PROGRESS_EVERY_BLOCKS == 0 {
                     progress(r.data_blocks, data_blocks_total);
@@ -173,5 +192,46 @@ impl Fs {
             }
         }
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tally_media::{Device, MemDevice};
+
+    use crate::fs::lock;
+    use crate::{Fs, MkfsOptions, MountOptions, Owner, ROOT};
+
+    /// The segment check can fire: a block moved (in the in-memory state) into a segment no
+    /// stream holds is named, and one moved outside the log too.
+    #[test]
+    fn a_block_outside_the_held_segments_is_found() {
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 1024).unwrap());
+        let opts = MkfsOptions { streams: 2, segment_blocks: 64, uuid: None };
+        Fs::mkfs(dev.clone(), &opts).unwrap();
+        let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+        let a = fs.create(None, ROOT, b"f", 0o644, Owner { uid: 0, gid: 0 }).unwrap();
+        fs.write(None, a.ino, 0, &[1u8; 4096]).unwrap();
+        fs.sync().unwrap();
+        assert!(fs.fsck().is_clean(), "{:?}", fs.fsck().problems);
+        let held: Vec<u32> =
+            (0..2).flat_map(|s| fs.log.segment_usage(s).unwrap()).map(|u| u.segment).collect();
+        let free = (0..1024u64)
+            .find(|&b| fs.log.segment_of(b).is_some_and(|s| !held.contains(&s)))
+            .expect("a block in a free segment");
+        let set_addr = |addr: u64| {
+            let mut st = lock(&fs.state);
+            let block = st.inodes.get_mut(&a.ino).unwrap().blocks.get_mut(&0).unwrap();
+            block.addr = addr;
+            block.data = Some(Arc::new(vec![1u8; 4096])); // so the crc check still passes
+        };
+        set_addr(free);
+        let problems = fs.fsck().problems;
+        assert!(problems.iter().any(|p| p.contains("which no stream holds")), "{problems:?}");
+        set_addr(1);
+        let problems = fs.fsck().problems;
+        assert!(problems.iter().any(|p| p.contains("outside the log")), "{problems:?}");
     }
 }

@@ -49,6 +49,16 @@ impl Log {
         Ok(())
     }
 
+    /// The segment holding device block `block`; `None` for the superblocks and for blocks past
+    /// the last segment. For checkers that match the layer above's block addresses against the
+    /// segments the log holds.
+    #[must_use]
+    pub fn segment_of(&self, block: u64) -> Option<u32> {
+        let segment = block.checked_sub(self.first_segment_block)? / u64::from(self.segment_blocks);
+        let segment_count = lock(&self.sb).sb.segment_count;
+        u32::try_from(segment).ok().filter(|&s| s < segment_count)
+    }
+
     /// Usage of each segment of `stream`'s chain since its checkpoint, oldest first.
     ///
     /// # Errors
