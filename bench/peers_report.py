@@ -248,7 +248,7 @@ COLS = COLS.replace("× SQLite rollback", "× ext4-ordered")
 table("append", ["tally-barrier", "tally-fsync", "ext4-ordered", "ext4-journal", "ext4-nj"],
       configs_of("append"), "one 4 KiB append", ("p99 µs", "p99_us"))
 
-P("## 7. Mount time\n")
+P("## 7. Mount and recovery time\n")
 if R["mount"]:
     P("| files on the image | Tally mount after clean unmount (snapshot) s | Tally mount after "
       "SIGKILL (log scan) s | ext4 data=ordered mount (clean) s |")
@@ -257,10 +257,24 @@ if R["mount"]:
         P(f"| {m['files']} + what the workloads left | {m['tally_snapshot_s']:.3f} | "
           f"{m['tally_scan_s']:.3f} | {m['ext4_clean_s']:.3f} |")
     P("\nOne measurement each (not repeated): indicative only. `tally mount` times include "
-      "starting the daemon. Recovery time against log size is docs/bench/tx.md (d) "
-      "and docs/bench/fs.md.\n")
+      "starting the daemon.\n")
 else:
-    P("Not measured in this run.\n")
+    P("Mount times were not measured in this run.\n")
+if R.get("recovery"):
+    P("Recovery of the log alone against its size (`tally bench recovery` on a file of the "
+      "log's size beside the images: fill the log, then time `Log::open`, which scans it):\n")
+    P("| log MiB | transactions | open (scan) s | scan MB/s |")
+    P("|--:|--:|--:|--:|")
+    def spread(x):
+        return (x["median"], x["min"], x["max"])
+
+    for r in R["recovery"]:
+        P(f"| {r['log_bytes'] / 2**20:.0f} | {r['tx_written']} | {fmt(spread(r['open_s']), 3)} | "
+          f"{fmt(spread(r['log_mb_per_s']))} |")
+    P("")
+else:
+    P("Recovery time against log size was not measured in this run (docs/bench/tx.md (d) has "
+      "it on a plain file).\n")
 
 if R["failures"]:
     P("## Windows that failed\n")

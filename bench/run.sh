@@ -78,7 +78,8 @@ cleanup() {
 trap cleanup EXIT
 gcc -O2 -Wall -o "$WORK/lmdb_commit" bench/lmdb_commit.c -llmdb
 
-OUT_DIR="$ROOT/docs/bench"
+# BENCH_OUT: where the report goes (default docs/bench; a smoke check may write elsewhere).
+OUT_DIR=${BENCH_OUT:-$ROOT/docs/bench}
 DATA="$OUT_DIR/run-data"
 mkdir -p "$DATA"
 started=$(date -u +%Y-%m-%dT%H:%MZ)
@@ -107,4 +108,4 @@ cat >"$DATA/machine.json" <<JSON
  "bindfs": "$(bindfs --version 2>&1 | head -1)", "probe": $probe}
 JSON
 "$PY" bench/peers_report.py "$DATA" "$OUT_DIR"
-echo "bench/run.sh: wrote docs/bench/README.md and docs/bench/*.png" >&2
+echo "bench/run.sh: wrote $OUT_DIR/README.md and the plots beside it" >&2
