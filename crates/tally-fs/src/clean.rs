@@ -163,7 +163,7 @@ impl Fs {
 }
 
 /// Is `rec` the record that still defines its object?
-fn live(st: &State, rec: &Record, key: &Key, tombstones_kept: bool) -> bool {
+pub(crate) fn live(st: &State, rec: &Record, key: &Key, tombstones_kept: bool) -> bool {
     let ver = rec.ver();
     let owner = key.owner();
     if let (Some(&freed), Record::Free { .. }) = (st.freed.get(&owner), rec) {

@@ -58,6 +58,6 @@ mod types;
 pub use clean::{FsCleanReport, MaintainReport, Maintenance};
 pub use error::{FsError, Result};
 pub use fs::{Fs, MkfsOptions, MountOptions, MountReport, StreamPolicy, Txn};
-pub use fsck::FsckReport;
+pub use fsck::{FsckReport, SegmentLiveness};
 pub use mutant::{available as mutants_available, FsMutant};
 pub use types::*;

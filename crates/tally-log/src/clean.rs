@@ -6,6 +6,8 @@
 //! per-object version in its records and never apply an older version over a newer one
 //! (DESIGN.md §3.2, "order of updates to one object across streams and GC").
 
+use std::collections::HashMap;
+
 use crate::engine::{lock, SegmentUsage};
 use crate::recover::read_transactions;
 use crate::{CommitInfo, Log, LogError, RecoveredTx, Result, Transaction, TxId};
@@ -82,6 +84,31 @@ impl Log {
             }
         }
         Ok(out)
+    }
+
+    /// Every transaction of `stream` since its checkpoint, read from the device, oldest first,
+    /// each with the segment its span ends in. For the layer above to measure how live each
+    /// segment of the chain is (it alone knows which records are current).
+    ///
+    /// # Errors
+    /// An unknown stream, I/O errors.
+    pub fn stream_transactions(&self, stream: u16) -> Result<Vec<(u32, RecoveredTx)>> {
+        let st = self
+            .streams
+            .get(usize::from(stream))
+            .ok_or_else(|| LogError::Invalid(format!("no stream {stream}")))?;
+        let (segments, upto): (HashMap<u64, u32>, Option<u64>) = {
+            let st = lock(st);
+            (
+                st.placed.iter().map(|p| (p.seq, p.end_segment)).collect(),
+                st.placed.back().map(|p| p.seq),
+            )
+        };
+        let Some(upto) = upto else { return Ok(Vec::new()) };
+        self.wait_durable(TxId { stream, seq: upto })?;
+        let sb = lock(&self.sb).sb.clone();
+        let txs = read_transactions(&*self.dev, &sb, self.options, stream, upto)?;
+        Ok(txs.into_iter().filter_map(|t| segments.get(&t.id.seq).map(|&s| (s, t))).collect())
     }
 
     /// The transactions whose spans end in the oldest segment of `stream`'s chain, read from

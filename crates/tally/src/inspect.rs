@@ -81,9 +81,11 @@ struct RecoveredView {
 struct SegmentView {
     segment: u32,
     transactions: u64,
-    records: u64,
-    dead_records: u64,
-    /// Live records over records; `null` for a segment with no records yet.
+    /// Bytes of records and data blocks written in it since the checkpoint.
+    bytes: u64,
+    /// Of those, bytes still live (what cleaning would move).
+    live_bytes: u64,
+    /// `live_bytes / bytes`; `null` for a segment with nothing in it yet.
     live_ratio: Option<f64>,
 }
 
@@ -161,7 +163,12 @@ pub fn run(args: &Args) -> ExitCode {
     }
     if code == 0 {
         match Fs::mount(view_b, MountOptions::default()) {
-            Ok(fs) => add_usage(&mut view, &fs),
+            Ok(fs) => {
+                if let Err(e) = add_usage(&mut view, &fs) {
+                    view.error = Some(format!("cannot measure the segments: {e}"));
+                    code = EXIT_CORRUPT;
+                }
+            }
             Err(e) => {
                 view.error = Some(format!("cannot mount the file system: {e}"));
                 code = classify_mount_error(&e);
@@ -228,26 +235,26 @@ fn add_recovery(view: &mut Inspection, recovery: &Recovery) {
     }
 }
 
-fn add_usage(view: &mut Inspection, fs: &Fs) {
+fn add_usage(view: &mut Inspection, fs: &Fs) -> tally_fs::Result<()> {
     let log = fs.log();
     view.free_segments = Some(log.free_segments());
     view.mount = Some(fs.mount_report());
+    let liveness = fs.segment_liveness()?;
     for s in &mut view.streams {
         s.durable_seq = Some(log.durable_seq(s.stream));
-        s.chain = log
-            .segment_usage(s.stream)
-            .unwrap_or_default()
-            .into_iter()
+        s.chain = liveness
+            .iter()
+            .filter(|u| u.stream == s.stream)
             .map(|u| SegmentView {
                 segment: u.segment,
                 transactions: u.transactions,
-                records: u.records,
-                dead_records: u.dead_records,
-                live_ratio: (u.records > 0)
-                    .then(|| (u.records - u.dead_records.min(u.records)) as f64 / u.records as f64),
+                bytes: u.bytes,
+                live_bytes: u.live_bytes,
+                live_ratio: (u.bytes > 0).then(|| u.live_bytes as f64 / u.bytes as f64),
             })
             .collect();
     }
+    Ok(())
 }
 
 fn print_text(v: &Inspection) {
@@ -333,11 +340,11 @@ fn print_text(v: &Inspection) {
                 .iter()
                 .map(|g| match g.live_ratio {
                     Some(r) => format!(
-                        "{} ({} tx, {}/{} records live, {:.0}%)",
+                        "{} ({} tx, {} of {} KiB live, {:.0}%)",
                         g.segment,
                         g.transactions,
-                        g.records - g.dead_records.min(g.records),
-                        g.records,
+                        g.live_bytes.div_ceil(1024),
+                        g.bytes.div_ceil(1024),
                         r * 100.0
                     ),
                     None => format!("{} (empty)", g.segment),

@@ -91,6 +91,11 @@ fn fsck_and_inspect_leave_every_byte_and_give_the_documented_exit_codes() {
         assert_eq!(v["superblocks"].as_array().unwrap().len(), 2);
         let chain = v["streams"][0]["chain"].as_array().unwrap();
         assert!(!chain.is_empty(), "{v}");
+        let segments: Vec<&serde_json::Value> =
+            (0..2).flat_map(|s| v["streams"][s]["chain"].as_array().unwrap().iter()).collect();
+        let bytes: u64 = segments.iter().map(|g| g["bytes"].as_u64().unwrap()).sum();
+        let live: u64 = segments.iter().map(|g| g["live_bytes"].as_u64().unwrap()).sum();
+        assert!(live > 8 * 4096 && live <= bytes, "8 files of a block each are live: {v}");
         if !clean {
             let replayed: u64 = (0..2)
                 .map(|s| v["streams"][s]["recovered"]["transactions"].as_u64().unwrap())
