@@ -106,7 +106,10 @@ P(f"- every system on its own loop device (`losetup --direct-io=on`) backed by a
   "system\n")
 P("Systems:\n")
 for name, s in R["systems"].items():
-    P(f"- `{name}`: {s['options']}")
+    mkfs = s.get("mkfs")
+    made = f" (mkfs.ext4 {mkfs})" if mkfs and mkfs != "defaults" else ""
+    P(f"- `{name}`: mounted {s['options']}{made}" if s.get("kind") == "ext4"
+      else f"- `{name}`: {s['options']}")
 P("")
 
 # ---- headline ------------------------------------------------------------------------------
