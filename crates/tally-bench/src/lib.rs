@@ -20,8 +20,8 @@
 //!   benchmark created is removed unless `keep`.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
-mod error;
 pub mod append;
+mod error;
 pub mod fs;
 pub mod fs_peers;
 pub mod measure;
