@@ -35,40 +35,81 @@ pub struct FsCleanReport {
     pub data_blocks_relocated: u64,
 }
 
-#[derive(Default)]
-struct Plan {
-    seen: Vec<Key>,
-    /// Relocated keys and, for data, the block's index in the new transaction.
+/// Blocks one packed relocation transaction takes at most (records and data), for segments of
+/// at least `4 *` this many blocks: large enough that its unit of records costs little (the
+/// cost of keeping each old transaction's own unit: an overwritten 4 KiB block would keep
+/// taking two blocks forever), small enough that the end of a segment it does not fit in
+/// wastes little.
+const PACK_BLOCKS: u64 = 32;
+/// Conservative bytes of the log's unit header, and of its body header per transaction and per
+/// data block and record (the log's format; used only to size packs).
+const UNIT_HEADER: u64 = 128;
+const BODY_HEADER: u64 = 16;
+const PER_DATA: u64 = 4;
+const PER_RECORD: u64 = 4;
+
+/// One packed relocation: the live records (and data blocks) of consecutive old transactions.
+struct Pack {
+    t: Transaction,
+    record_bytes: u64,
+    /// Relocated keys and, for data, the block's index in the pack.
     moved: Vec<(Key, Option<u32>)>,
 }
 
+impl Pack {
+    fn new(stream: u16) -> Pack {
+        Pack { t: Transaction::new(stream), record_bytes: BODY_HEADER, moved: Vec::new() }
+    }
+
+    /// Blocks the pack would take with `data` more data blocks and `bytes` more record bytes.
+    fn blocks_with(&self, bs: u64, data: u64, bytes: u64) -> u64 {
+        let n = self.moved.iter().filter(|m| m.1.is_some()).count() as u64 + data;
+        let body = self.record_bytes + bytes + n * PER_DATA;
+        body.div_ceil(bs - UNIT_HEADER).max(1) + n
+    }
+}
+
+/// What is live in an old transaction: each record (and data block, read) to relocate.
+type LiveOf = Vec<(Key, Record, Option<Vec<u8>>)>;
+
 impl Fs {
-    /// Clean the `segments` oldest segments of `stream`.
+    /// Clean the `segments` oldest segments of `stream` (at most all but its current one, as
+    /// they are when called), one at a time.
     ///
     /// # Errors
     /// `EBUSY` while explicit transactions are open, `ENOSPC` when the live records do not fit
-    /// (nothing changed), I/O errors, corrupted records.
+    /// (nothing changed by that segment), I/O errors, corrupted records.
     pub fn clean(&self, stream: u16, segments: usize) -> Result<FsCleanReport> {
         let mut st = lock(&self.state);
         self.clean_locked(&mut st, stream, segments)
     }
 
-    /// Clean the oldest segment of the stream with the longest chain, if any stream has more
-    /// than its current segment. Returns whether anything was freed.
-    pub(crate) fn clean_some(&self, st: &mut State) -> Result<bool> {
+    /// When space is low: clean the oldest segment of the stream whose oldest segment has the
+    /// least live in it, if relocating that frees space (`max_live_percent` of a segment at
+    /// most is live). Returns whether a segment was freed.
+    pub(crate) fn clean_some(&self, st: &mut State, max_live_percent: u64) -> Result<bool> {
         if !st.txns.open.is_empty() {
             return Ok(false);
         }
-        let mut best: Option<(usize, u16)> = None;
+        let seg = u64::from(self.segment_blocks);
+        let mut best: Option<(u64, u16)> = None;
         for s in 0..self.streams {
-            let n = self.log.segment_usage(s)?.len();
-            if n > 1 && best.is_none_or(|(m, _)| n > m) {
-                best = Some((n, s));
+            let Some(l) = self.measure_oldest_of(st, s)? else { continue };
+            if best.is_none_or(|(b, _)| l.live_blocks < b) {
+                best = Some((l.live_blocks, s));
             }
         }
-        let Some((_, stream)) = best else { return Ok(false) };
+        // Packed, a live part smaller than the segment never needs more than one new segment
+        // (packs fill the current segment's end, the rest fits a fresh one), so cleaning it
+        // never loses a segment, and moves the stream's head on to segments that gain.
+        let gains = |live: u64| live < seg && live * 100 <= seg * max_live_percent;
+        let Some((_, stream)) = best.filter(|&(live, _)| gains(live)) else { return Ok(false) };
         let r = self.clean_locked(st, stream, 1)?;
         Ok(r.log.segments_freed > 0)
+    }
+
+    fn pack_blocks(&self) -> u64 {
+        PACK_BLOCKS.min(u64::from(self.segment_blocks) / 4).max(2)
     }
 
     pub(crate) fn clean_locked(
@@ -83,61 +124,106 @@ impl Fs {
         if let Some(e) = &st.failed {
             return Err(FsError::ReadOnly(e.clone()));
         }
-        let bs = self.bs as usize;
-        let dev = self.log.device().clone();
-        let mut plans: HashMap<TxId, Plan> = HashMap::new();
+        let old = self.log.segment_usage(stream)?.len().saturating_sub(1);
         let mut report = FsCleanReport::default();
+        for _ in 0..segments.min(old) {
+            let r = self.clean_oldest(st, stream)?;
+            report.records_read += r.records_read;
+            report.records_relocated += r.records_relocated;
+            report.data_blocks_relocated += r.data_blocks_relocated;
+            let (a, b) = (&mut report.log, r.log);
+            a.checkpointed_seq = b.checkpointed_seq.or(a.checkpointed_seq);
+            a.relocated.extend(b.relocated);
+            a.transactions_read += b.transactions_read;
+            a.transactions_relocated += b.transactions_relocated;
+            a.segments_freed += b.segments_freed;
+            a.bytes_written += b.bytes_written;
+        }
+        Ok(report)
+    }
+
+    /// Clean `stream`'s oldest segment: its live records are packed into as few transactions
+    /// as fit [`PACK_BLOCKS`], re-committed on the stream, and the log's checkpoint frees it.
+    fn clean_oldest(&self, st: &mut State, stream: u16) -> Result<FsCleanReport> {
+        let mut report = FsCleanReport::default();
+        let Some((_, txs)) = self.log.oldest_segment_transactions(stream)? else {
+            return Ok(report);
+        };
+        let bs = u64::from(self.bs);
+        let limit = self.pack_blocks();
         let tombstones_kept = self.mutant != Some(FsMutant::TombstoneDroppedEarly);
-        let state: &State = st;
-        let log_report = self.log.clean(stream, segments, |rtx| {
-            let mut t = Transaction::new(stream);
-            let mut plan = Plan::default();
-            for bytes in &rtx.records {
-                let rec = Record::decode(bytes).map_err(|e| LogError::Corrupted {
-                    what: "file-system record",
-                    block: rtx.data_start,
-                    reason: e.to_string(),
-                })?;
-                let key = Key::of(&rec);
-                plan.seen.push(key.clone());
-                report.records_read += 1;
-                if !live(state, &rec, &key, tombstones_kept) {
-                    continue;
-                }
-                let rec = match rec {
-                    Record::Extent { ver, ino, block, data, crc } if data != DATA_HOLE => {
-                        let mut buf = vec![0u8; bs];
-                        dev.read(rtx.data_start + u64::from(data), &mut buf)?;
-                        if crc32c::crc32c(&buf) != crc {
-                            return Err(LogError::Corrupted {
-                                what: "data block",
-                                block: rtx.data_start + u64::from(data),
-                                reason: format!("checksum mismatch (block {block} of inode {ino})"),
-                            });
-                        }
-                        let idx = t.data(buf);
-                        plan.moved.push((key, Some(idx)));
+        let mut seen: Vec<Key> = Vec::new();
+        // Each pack is handed to the log with the last old transaction it carries records of
+        // (the log takes at most one new transaction per old one).
+        let mut packs: Vec<(TxId, Pack)> = Vec::new();
+        let mut open = Pack::new(stream);
+        let mut open_last: Option<TxId> = None;
+        for rtx in &txs {
+            let live = self.live_of(st, rtx, tombstones_kept, &mut seen, &mut report)?;
+            if live.is_empty() {
+                continue;
+            }
+            let data = live.iter().filter(|l| l.2.is_some()).count() as u64;
+            let bytes = live.iter().map(|l| PER_RECORD + l.1.encode().len() as u64).sum();
+            if let Some(last) = open_last.filter(|_| open.blocks_with(bs, data, bytes) > limit) {
+                packs.push((last, std::mem::replace(&mut open, Pack::new(stream))));
+            }
+            for (key, rec, block) in live {
+                let rec = match (rec, block) {
+                    (Record::Extent { ver, ino, block, crc, .. }, Some(buf)) => {
+                        let idx = open.t.data(buf);
+                        open.moved.push((key, Some(idx)));
                         Record::Extent { ver, ino, block, data: idx, crc }
                     }
-                    rec => {
-                        plan.moved.push((key, None));
+                    (rec, _) => {
+                        open.moved.push((key, None));
                         rec
                     }
                 };
-                t.record(rec.encode());
+                let bytes = rec.encode();
+                open.record_bytes += PER_RECORD + bytes.len() as u64;
+                open.t.record(bytes);
             }
-            let relocate = !plan.moved.is_empty();
-            plans.insert(rtx.id, plan);
-            Ok(relocate.then_some(t))
+            open_last = Some(rtx.id);
+        }
+        if let Some(last) = open_last {
+            packs.push((last, open));
+        }
+        let expected: Vec<TxId> = txs.iter().map(|t| t.id).collect();
+        let mut handed: HashMap<TxId, Transaction> = HashMap::new();
+        let mut moved: HashMap<TxId, Vec<(Key, Option<u32>)>> = HashMap::new();
+        for (at, p) in packs {
+            handed.insert(at, p.t);
+            moved.insert(at, p.moved);
+        }
+        let mut i = 0;
+        let log_report = self.log.clean(stream, 1, |rtx| {
+            // The log cleans the transactions just read; anything else would leave a pack out.
+            if expected.get(i) != Some(&rtx.id) {
+                return Err(LogError::Invalid(format!(
+                    "cleaning planned transaction {:?}, the log read {:?}",
+                    expected.get(i),
+                    rtx.id
+                )));
+            }
+            i += 1;
+            Ok(handed.remove(&rtx.id))
         })?;
-        let landed: HashMap<TxId, tally_log::CommitInfo> =
-            log_report.relocated.iter().copied().collect();
-        for (old, plan) in plans {
-            for k in &plan.seen {
-                st.uncount(k);
-            }
-            let Some(info) = landed.get(&old) else { continue };
-            for (key, idx) in plan.moved {
+        if i != expected.len() {
+            // The segment is freed without some relocations: stop before anything else is
+            // written over what the DRAM state still points at.
+            let e = format!(
+                "cleaning stream {stream}: the log read {i} of {} transactions",
+                expected.len()
+            );
+            st.failed.get_or_insert_with(|| e.clone());
+            return Err(FsError::Corrupted(e));
+        }
+        for k in &seen {
+            st.uncount(k);
+        }
+        for (old, info) in &log_report.relocated {
+            for (key, idx) in moved.remove(old).unwrap_or_default() {
                 st.count(&key);
                 report.records_relocated += 1;
                 if let (Key::Block(ino, b), Some(idx)) = (&key, idx) {
@@ -148,17 +234,61 @@ impl Fs {
                     }
                 }
             }
-            for k in plan.seen {
-                if !st.in_log(&k) {
-                    st.tombs.remove(&k);
-                    if let Key::Inode(ino) = k {
-                        st.freed.remove(&ino);
-                    }
+        }
+        for k in seen {
+            if !st.in_log(&k) {
+                st.tombs.remove(&k);
+                if let Key::Inode(ino) = k {
+                    st.freed.remove(&ino);
                 }
             }
         }
         report.log = log_report;
         Ok(report)
+    }
+
+    /// The live records of `rtx`, with the data blocks of live extents read (and checked).
+    fn live_of(
+        &self,
+        st: &State,
+        rtx: &tally_log::RecoveredTx,
+        tombstones_kept: bool,
+        seen: &mut Vec<Key>,
+        report: &mut FsCleanReport,
+    ) -> Result<LiveOf> {
+        let mut out = Vec::new();
+        for bytes in &rtx.records {
+            let rec = Record::decode(bytes).map_err(|e| LogError::Corrupted {
+                what: "file-system record",
+                block: rtx.data_start,
+                reason: e.to_string(),
+            })?;
+            let key = Key::of(&rec);
+            seen.push(key.clone());
+            report.records_read += 1;
+            if !live(st, &rec, &key, tombstones_kept) {
+                continue;
+            }
+            let block = match rec {
+                Record::Extent { ino, block, data, crc, .. } if data != DATA_HOLE => {
+                    let at = rtx.data_start + u64::from(data);
+                    let mut buf = vec![0u8; self.bs as usize];
+                    self.log.device().read(at, &mut buf).map_err(LogError::from)?;
+                    if crc32c::crc32c(&buf) != crc {
+                        return Err(LogError::Corrupted {
+                            what: "data block",
+                            block: at,
+                            reason: format!("checksum mismatch (block {block} of inode {ino})"),
+                        }
+                        .into());
+                    }
+                    Some(buf)
+                }
+                _ => None,
+            };
+            out.push((key, rec, block));
+        }
+        Ok(out)
     }
 }
 
@@ -220,6 +350,10 @@ pub struct MaintainReport {
 
 /// Cleaning starts when fewer than this fraction (in percent) of the segments are free.
 const CLEAN_BELOW_FREE_PERCENT: u64 = 25;
+/// ... but `maintain` cleans ahead of need only segments at most this live (in percent): on a
+/// fuller file system the free quarter cannot be had, and moving fuller segments early only
+/// costs writes. Operations clean any segment whose cleaning gains space when they need it.
+const MAINTAIN_MAX_LIVE_PERCENT: u64 = 75;
 
 impl Fs {
     /// One round of background work: make committed changes durable (bounding what a crash can
@@ -266,7 +400,7 @@ impl Fs {
                 break;
             }
             let before = self.log.free_segments();
-            match self.clean_some(&mut st) {
+            match self.clean_some(&mut st, MAINTAIN_MAX_LIVE_PERCENT) {
                 Ok(true) => {
                     report.segments_freed += self.log.free_segments().saturating_sub(before)
                 }
@@ -295,30 +429,56 @@ impl Fs {
     }
 
     fn measure_oldest(&self, st: &mut State, stream: u16) -> Result<bool> {
-        let Some((segment, txs)) = self.log.oldest_segment_transactions(stream)? else {
-            return Ok(false);
-        };
-        let bs = u64::from(self.bs);
-        let (mut total, mut alive) = (0u64, 0u64);
-        for tx in &txs {
-            total += u64::from(tx.data_count) * bs;
-            for bytes in &tx.records {
-                let rec = Record::decode(bytes)?;
-                let key = Key::of(&rec);
-                let data = matches!(rec, Record::Extent { data, .. } if data != DATA_HOLE);
-                let size = bytes.len() as u64 + if data { bs } else { 0 };
-                total += bytes.len() as u64;
-                if live(st, &rec, &key, true) {
-                    alive += size;
-                }
-            }
-        }
-        let mostly_dead = alive * 2 < total;
+        let Some(l) = self.measure_oldest_of(st, stream)? else { return Ok(false) };
+        let mostly_dead = l.alive_bytes * 2 < l.total_bytes;
         if !mostly_dead {
-            st.liveness_checked.insert(stream, (segment, st.dead_blocks));
+            st.liveness_checked.insert(stream, (l.segment, st.dead_blocks));
         }
         Ok(mostly_dead)
     }
+
+    /// How much of `stream`'s oldest segment is live, read from the device; `None` when the
+    /// stream has only its current segment.
+    fn measure_oldest_of(&self, st: &State, stream: u16) -> Result<Option<Liveness>> {
+        let Some((segment, txs)) = self.log.oldest_segment_transactions(stream)? else {
+            return Ok(None);
+        };
+        let bs = u64::from(self.bs);
+        let mut l = Liveness { segment, total_bytes: 0, alive_bytes: 0, live_blocks: 0 };
+        let (mut data, mut record_bytes) = (0u64, BODY_HEADER);
+        for tx in &txs {
+            l.total_bytes += u64::from(tx.data_count) * bs;
+            for bytes in &tx.records {
+                let rec = Record::decode(bytes)?;
+                let key = Key::of(&rec);
+                let is_data = matches!(rec, Record::Extent { data, .. } if data != DATA_HOLE);
+                l.total_bytes += bytes.len() as u64;
+                if live(st, &rec, &key, true) {
+                    l.alive_bytes += bytes.len() as u64 + if is_data { bs } else { 0 };
+                    data += u64::from(is_data);
+                    record_bytes += PER_RECORD + PER_DATA + bytes.len() as u64;
+                }
+            }
+        }
+        // Packed: one unit of records per pack, at most.
+        let packs = data.div_ceil(self.pack_blocks().saturating_sub(1).max(1)).max(1);
+        l.live_blocks = data + record_bytes.div_ceil(bs - UNIT_HEADER).max(packs);
+        if data == 0 && l.alive_bytes == 0 {
+            l.live_blocks = 0;
+        }
+        Ok(Some(l))
+    }
+}
+
+/// How much of a stream's oldest segment is live.
+struct Liveness {
+    segment: u32,
+    /// Bytes of records and data blocks in it.
+    total_bytes: u64,
+    /// Of those, live.
+    alive_bytes: u64,
+    /// Blocks the live part takes once relocated in packs.
+    live_blocks: u64,
 }
 
 /// A thread running [`Fs::maintain`] every interval; stops (and is joined) when dropped, or by

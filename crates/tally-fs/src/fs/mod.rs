@@ -350,13 +350,16 @@ impl Fs {
                 }
             }
             // Clean while space is low and cleaning frees something (any operation: deletes
-            // need room for their records too); cleaning plans its relocations before writing,
-            // so it fails cleanly when even they do not fit.
-            for _ in 0..self.streams.max(1) * 4 {
+            // need room for their records too): any segment whose live part, packed, takes
+            // less than it does. Cleaning plans its relocations before writing, so it fails
+            // cleanly when even they do not fit. Bounded by one pass over the log.
+            let segments =
+                self.log.device().geometry().block_count / u64::from(self.segment_blocks);
+            for _ in 0..segments {
                 if self.log.free_segments() > RESERVED_SEGMENTS + 1 {
                     break;
                 }
-                match self.clean_some(&mut st) {
+                match self.clean_some(&mut st, 100) {
                     Ok(true) => {}
                     Ok(false) | Err(FsError::NoSpace) => break,
                     Err(e) => return Err(e),
