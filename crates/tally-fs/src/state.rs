@@ -129,7 +129,37 @@ pub(crate) struct Inode {
     pub stored: Option<Attr>,
 }
 
+/// An inode's scalar part: everything but its block map, directory and xattrs, whose changes
+/// the undo list records key by key (see `txn.rs`), so a pre-image costs the same for a file of
+/// any size.
+#[derive(Debug, Clone)]
+pub(crate) struct InodeHead {
+    pub attr: Attr,
+    pub ver: u64,
+    pub target: Vec<u8>,
+    pub last_tx: Option<TxId>,
+    pub stored: Option<Attr>,
+}
+
 impl Inode {
+    /// A copy of the scalar part.
+    pub fn head(&self) -> InodeHead {
+        InodeHead {
+            attr: self.attr,
+            ver: self.ver,
+            target: self.target.clone(),
+            last_tx: self.last_tx,
+            stored: self.stored,
+        }
+    }
+
+    /// Put back a scalar part taken by [`Inode::head`].
+    pub fn set_head(&mut self, h: InodeHead) {
+        let InodeHead { attr, ver, target, last_tx, stored } = h;
+        (self.attr, self.ver, self.target, self.last_tx, self.stored) =
+            (attr, ver, target, last_tx, stored);
+    }
+
     pub fn new(attr: Attr, target: Vec<u8>, parent: Ino) -> Inode {
         let dir = (attr.kind == FileKind::Dir).then(|| Dir::new(parent));
         Inode {

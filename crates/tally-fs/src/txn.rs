@@ -21,10 +21,23 @@
 //!
 //! Readers see every change as it happens (as in a page cache); isolation of readers is the
 //! application's business, as in CFS.
+//!
+//! Pre-images are proportional to what an operation changes, never to a file's or directory's
+//! size: an inode's scalar part ([`InodeHead`]) is copied, and each block-map key, xattr and
+//! directory entry is recorded with its old value by the hook the operation calls just before
+//! changing it ([`Cx::block`], [`Cx::xattr`], [`Cx::dentry`]); a freed inode is moved onto the
+//! list whole ([`Cx::free`]), not copied. Why this rather than a persistent map with structural
+//! sharing (cheap whole-inode clones): every change already goes through one of these hooks, so
+//! recording the old value there costs O(keys touched) with no new dependency, while a
+//! persistent map would slow every block lookup of every read and still path-copy a node of
+//! dozens of entries per level on every append. Rolling back restores key by key, in reverse,
+//! which is exact: each key gets back its value from before the first change.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use crate::state::{Dentry, Inode, Key, State};
+use tally_log::TxId;
+
+use crate::state::{Block, Dentry, Inode, InodeHead, Key, State, Xattr};
 use crate::types::{Attr, Ino, Timespec};
 use crate::FsError;
 
@@ -48,29 +61,87 @@ pub(crate) type OpResult<T> = std::result::Result<T, Stop>;
 /// A pre-image.
 #[derive(Debug)]
 pub(crate) enum Undo {
-    Inode(Ino, Option<Box<Inode>>),
+    /// An inode's scalar part; `None`: the inode did not exist (created by the operation).
+    Inode(Ino, Option<Box<InodeHead>>),
+    /// One block-map entry; `None`: a hole.
+    Block(Ino, u64, Option<Block>),
+    /// One extended attribute; `None`: absent.
+    Xattr(Ino, Vec<u8>, Option<Xattr>),
+    /// An inode removed from the table (freed), moved here whole as it was at the free.
+    Freed(Ino, Box<Inode>),
     Dentry(Ino, Vec<u8>, Option<Dentry>),
     Parent(Ino, Ino),
     DirAttr(Ino, Attr, Option<Attr>),
 }
 
+/// What a pre-image is of: kind, inode, block, name.
+type UndoKey<'a> = (u8, Ino, u64, &'a [u8]);
+
 impl Undo {
-    fn key(&self) -> (u8, Ino, &[u8]) {
+    fn key(&self) -> UndoKey<'_> {
         match self {
-            Undo::Inode(i, _) => (0, *i, &[]),
-            Undo::Dentry(d, n, _) => (1, *d, n),
-            Undo::Parent(d, _) => (2, *d, &[]),
-            Undo::DirAttr(d, ..) => (3, *d, &[]),
+            Undo::Inode(i, _) => (0, *i, 0, &[]),
+            Undo::Dentry(d, n, _) => (1, *d, 0, n),
+            Undo::Parent(d, _) => (2, *d, 0, &[]),
+            Undo::DirAttr(d, ..) => (3, *d, 0, &[]),
+            Undo::Block(i, b, _) => (4, *i, *b, &[]),
+            Undo::Xattr(i, n, _) => (5, *i, 0, n),
+            Undo::Freed(i, _) => (6, *i, 0, &[]),
+        }
+    }
+
+    /// Committed data blocks that the committed change this is the pre-image of made dead:
+    /// an overwritten or removed block, and every block a freed inode still held (a hint for
+    /// cleaning). Blocks the same change overwrote before the free are counted by their own
+    /// `Block` pre-images: in the freed inode they are new (not committed) or gone.
+    pub fn dying_blocks(&self, st: &State) -> u64 {
+        match self {
+            Undo::Block(_, _, Some(old)) => u64::from(old.tx.is_some()),
+            Undo::Freed(ino, old) if !st.inodes.contains_key(ino) => {
+                old.blocks.values().filter(|b| b.tx.is_some()).count() as u64
+            }
+            _ => 0,
+        }
+    }
+
+    /// The last log transaction of the inode before the change (a dependency of the commit).
+    pub fn last_tx(&self) -> Option<TxId> {
+        match self {
+            Undo::Inode(_, Some(h)) => h.last_tx,
+            _ => None,
         }
     }
 
     pub fn apply(self, st: &mut State) {
         match self {
-            Undo::Inode(ino, Some(inode)) => {
-                st.inodes.insert(ino, *inode);
+            Undo::Inode(ino, Some(head)) => {
+                // Present: pre-images are applied in reverse, so a free of this inode later in
+                // the same operation or transaction has already been put back.
+                if let Some(i) = st.inodes.get_mut(&ino) {
+                    i.set_head(*head);
+                }
             }
             Undo::Inode(ino, None) => {
                 st.inodes.remove(&ino);
+            }
+            Undo::Freed(ino, inode) => {
+                st.inodes.insert(ino, *inode);
+            }
+            Undo::Block(ino, b, old) => {
+                if let Some(i) = st.inodes.get_mut(&ino) {
+                    match old {
+                        Some(old) => i.blocks.insert(b, old),
+                        None => i.blocks.remove(&b),
+                    };
+                }
+            }
+            Undo::Xattr(ino, name, old) => {
+                if let Some(i) = st.inodes.get_mut(&ino) {
+                    match old {
+                        Some(old) => i.xattrs.insert(name, old),
+                        None => i.xattrs.remove(&name),
+                    };
+                }
             }
             Undo::Dentry(dir, name, old) => {
                 if let Some(d) = st.inodes.get_mut(&dir).and_then(|i| i.dir.as_mut()) {
@@ -138,7 +209,7 @@ impl AttrDiff {
 pub(crate) struct TxnState {
     /// First pre-images, in the order taken.
     pub undo: Vec<Undo>,
-    pub undone: HashSet<(u8, Ino, Vec<u8>)>,
+    pub undone: HashSet<(u8, Ino, u64, Vec<u8>)>,
     /// Everything to write at commit.
     pub touched: BTreeSet<Key>,
     /// Changes to directories' shared attributes.
@@ -238,7 +309,7 @@ impl Cx {
         }
         self.lock(st, Key::Inode(ino))?;
         if self.full.insert(ino) {
-            self.undo.push(Undo::Inode(ino, st.inodes.get(&ino).cloned().map(Box::new)));
+            self.undo.push(Undo::Inode(ino, st.inodes.get(&ino).map(|i| Box::new(i.head()))));
         }
         self.touched.insert(Key::Inode(ino));
         Ok(())
@@ -280,16 +351,33 @@ impl Cx {
         Ok(())
     }
 
-    /// About to change block `block` of `ino` (after [`Cx::inode`]).
-    pub fn block(&mut self, ino: Ino, block: u64) {
+    /// About to change block `block` of `ino` (after [`Cx::inode`]): keeps its old entry,
+    /// the first time this operation touches it.
+    pub fn block(&mut self, st: &State, ino: Ino, block: u64) {
         debug_assert!(self.full.contains(&ino));
-        self.touched.insert(Key::Block(ino, block));
+        if self.touched.insert(Key::Block(ino, block)) {
+            let old = st.inodes.get(&ino).and_then(|i| i.blocks.get(&block)).cloned();
+            self.undo.push(Undo::Block(ino, block, old));
+        }
     }
 
-    /// About to change xattr `name` of `ino` (after [`Cx::inode`]).
-    pub fn xattr(&mut self, ino: Ino, name: &[u8]) {
+    /// About to change xattr `name` of `ino` (after [`Cx::inode`]): keeps its old value.
+    pub fn xattr(&mut self, st: &State, ino: Ino, name: &[u8]) {
         debug_assert!(self.full.contains(&ino));
-        self.touched.insert(Key::Xattr(ino, name.to_vec()));
+        if self.touched.insert(Key::Xattr(ino, name.to_vec())) {
+            let old = st.inodes.get(&ino).and_then(|i| i.xattrs.get(name)).cloned();
+            self.undo.push(Undo::Xattr(ino, name.to_vec(), old));
+        }
+    }
+
+    /// Free inode `ino`: remove it from the table, keeping it whole on the undo list (moved,
+    /// not copied).
+    pub fn free(&mut self, st: &mut State, ino: Ino) -> OpResult<()> {
+        self.inode(st, ino)?;
+        if let Some(i) = st.inodes.remove(&ino) {
+            self.undo.push(Undo::Freed(ino, Box::new(i)));
+        }
+        Ok(())
     }
 
     /// Undo everything the operation did and release the locks it took.
@@ -324,8 +412,8 @@ impl Cx {
             if matches!(u, Undo::DirAttr(..)) {
                 continue; // shared attributes are restored from the storage version
             }
-            let (kind, ino, name) = u.key();
-            if t.undone.insert((kind, ino, name.to_vec())) {
+            let (kind, ino, block, name) = u.key();
+            if t.undone.insert((kind, ino, block, name.to_vec())) {
                 t.undo.push(u);
             }
         }

@@ -225,7 +225,7 @@ fn append_cost_as_the_file_grows() {
         samples.push(t0.elapsed().as_secs_f64() * 1e6);
         if (i + 1) % window == 0 {
             let (m, lo, hi) = median_spread(std::mem::take(&mut samples));
-            per_window.push(((i + 1) * BS >> 20, m, lo, hi));
+            per_window.push((((i + 1) * BS) >> 20, m, lo, hi));
         }
     }
     println!("file size MiB | append µs median (p10-p90)");

@@ -14,24 +14,10 @@ use crate::{FsError, Result};
 
 use super::{Fs, CACHE_LIMIT};
 
-/// Committed data blocks that a committed change of `touched` (with pre-images `undo`) made
-/// dead: overwritten or removed blocks, and every block of a freed inode. A hint for cleaning.
-pub(crate) fn dying_blocks(st: &State, touched: &BTreeSet<Key>, undo: &[crate::txn::Undo]) -> u64 {
-    let mut n = 0;
-    for u in undo {
-        let crate::txn::Undo::Inode(ino, Some(old)) = u else { continue };
-        match st.inodes.get(ino) {
-            None => n += old.blocks.values().filter(|b| b.tx.is_some()).count() as u64,
-            Some(_) => {
-                for key in touched.range(Key::Block(*ino, 0)..=Key::Block(*ino, u64::MAX)) {
-                    if let Key::Block(_, b) = key {
-                        n += u64::from(old.blocks.get(b).is_some_and(|b| b.tx.is_some()));
-                    }
-                }
-            }
-        }
-    }
-    n
+/// Committed data blocks that a committed change (with pre-images `undo`) made dead:
+/// overwritten or removed blocks, and every block of a freed inode. A hint for cleaning.
+pub(crate) fn dying_blocks(st: &State, undo: &[crate::txn::Undo]) -> u64 {
+    undo.iter().map(|u| u.dying_blocks(st)).sum()
 }
 
 impl Fs {
@@ -54,7 +40,7 @@ impl Fs {
         }
         match self.persist(st, &cx.touched, &overrides, ver, stream, &deps) {
             Ok(_) => {
-                st.dead_blocks += dying_blocks(st, &cx.touched, &cx.undo);
+                st.dead_blocks += dying_blocks(st, &cx.undo);
                 Ok(())
             }
             Err(e) => {
@@ -84,13 +70,7 @@ impl Fs {
                 deps.insert(t);
             }
         }
-        for u in undo {
-            if let crate::txn::Undo::Inode(_, Some(i)) = u {
-                if let Some(t) = i.last_tx {
-                    deps.insert(t);
-                }
-            }
-        }
+        deps.extend(undo.iter().filter_map(crate::txn::Undo::last_tx));
         st.barriers.retain(|t| self.log.durable_seq(t.stream) < t.seq);
         deps.extend(st.barriers.iter().copied());
         deps.into_iter()

@@ -81,7 +81,7 @@ impl Fs {
         if size < old {
             let keep = size.div_ceil(bs);
             for b in st.block_keys(ino, keep) {
-                cx.block(ino, b);
+                cx.block(st, ino, b);
                 st.inode_mut(ino)?.blocks.remove(&b);
             }
             if !size.is_multiple_of(bs) {
@@ -89,7 +89,7 @@ impl Fs {
                 if let Some(block) = st.inode(ino)?.blocks.get(&b).cloned() {
                     let mut bytes = self.block_bytes(ino, b, &block)?.as_ref().clone();
                     bytes[(size % bs) as usize..].fill(0);
-                    cx.block(ino, b);
+                    cx.block(st, ino, b);
                     Self::put_block(st, ino, b, bytes)?;
                 }
             }
@@ -167,7 +167,7 @@ impl Fs {
             };
             bytes[(from - bstart) as usize..(to - bstart) as usize]
                 .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
-            cx.block(ino, b);
+            cx.block(st, ino, b);
             Self::put_block(st, ino, b, bytes)?;
         }
         let now = Timespec::now();
@@ -218,7 +218,7 @@ impl Fs {
                         let Some(block) = st.inode(ino)?.blocks.get(&b).cloned() else { continue };
                         let (bstart, bend) = (b * bs, (b + 1) * bs);
                         let (from, to) = (offset.max(bstart), end.min(bend));
-                        cx.block(ino, b);
+                        cx.block(st, ino, b);
                         if from == bstart && to == bend {
                             st.inode_mut(ino)?.blocks.remove(&b);
                         } else {
@@ -267,7 +267,7 @@ impl Fs {
                 _ => {}
             }
             cx.inode(st, ino)?;
-            cx.xattr(ino, name);
+            cx.xattr(st, ino, name);
             let i = st.inode_mut(ino)?;
             i.xattrs.insert(name.to_vec(), crate::state::Xattr { value: value.to_vec(), ver: 0 });
             i.attr.ctime = Timespec::now();
@@ -285,7 +285,7 @@ impl Fs {
                 return Err(FsError::NoAttr.into());
             }
             cx.inode(st, ino)?;
-            cx.xattr(ino, name);
+            cx.xattr(st, ino, name);
             let i = st.inode_mut(ino)?;
             i.xattrs.remove(name);
             i.attr.ctime = Timespec::now();

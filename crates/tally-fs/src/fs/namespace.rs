@@ -216,7 +216,7 @@ impl Fs {
         c.attr.ctime = now;
         let is_dir = c.dir.is_some();
         if is_dir || (c.attr.nlink == 0 && !pinned) {
-            st.inodes.remove(&child);
+            cx.free(st, child)?;
         }
         Ok(())
     }
@@ -260,8 +260,7 @@ impl Fs {
         self.op(None, ino, false, |st, cx| {
             let orphan = st.inodes.get(&ino).is_some_and(|i| i.attr.nlink == 0 && i.dir.is_none());
             if orphan && !st.pins.contains_key(&ino) {
-                cx.inode(st, ino)?;
-                st.inodes.remove(&ino);
+                cx.free(st, ino)?;
             }
             Ok(())
         })

@@ -131,7 +131,7 @@ impl Fs {
         let result = self.persist(&mut st, &t.touched, &overrides, ver, stream, &deps);
         match &result {
             Ok(_) => {
-                let dying = dying_blocks(&st, &t.touched, &t.undo);
+                let dying = dying_blocks(&st, &t.undo);
                 st.dead_blocks += dying;
                 for (&dir, s) in &overrides {
                     if let Some(i) = st.inodes.get_mut(&dir) {
