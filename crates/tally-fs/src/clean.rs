@@ -92,18 +92,24 @@ impl Fs {
             return Ok(false);
         }
         let seg = u64::from(self.segment_blocks);
-        let mut best: Option<(u64, u16)> = None;
+        // Least live first; among equals, the longest chain: when every head is full of
+        // live data, moving the longest chain's head on is what reaches its dead space.
+        let mut best: Option<(u64, usize, u16)> = None;
         for s in 0..self.streams {
             let Some(l) = self.measure_oldest_of(st, s)? else { continue };
-            if best.is_none_or(|(b, _)| l.live_blocks < b) {
-                best = Some((l.live_blocks, s));
+            let chain = self.log.segment_usage(s)?.len();
+            if best.is_none_or(|(b, c, _)| l.live_blocks < b || (l.live_blocks == b && chain > c)) {
+                best = Some((l.live_blocks, chain, s));
             }
         }
-        // Packed, a live part smaller than the segment never needs more than one new segment
-        // (packs fill the current segment's end, the rest fits a fresh one), so cleaning it
-        // never loses a segment, and moves the stream's head on to segments that gain.
-        let gains = |live: u64| live < seg && live * 100 <= seg * max_live_percent;
-        let Some((_, stream)) = best.filter(|&(live, _)| gains(live)) else { return Ok(false) };
+        // Packed, a live part no larger than the segment never needs more than one new
+        // segment (packs fill the current segment's end, the rest fits a fresh one; packing
+        // never makes records larger), so cleaning it never loses a segment, and moves the
+        // stream's head on to the segments behind it, which may gain.
+        let gains = |live: u64| live <= seg && live * 100 <= seg * max_live_percent;
+        let Some((_, _, stream)) = best.filter(|&(live, _, _)| gains(live)) else {
+            return Ok(false);
+        };
         let r = self.clean_locked(st, stream, 1)?;
         Ok(r.log.segments_freed > 0)
     }

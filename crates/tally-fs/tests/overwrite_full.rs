@@ -48,21 +48,28 @@ fn check(fs: &Fs, files: &Files, when: &str) {
     assert!(r.is_clean(), "{when}: {:?}", r.problems);
 }
 
-/// Fill to `fraction`, then `rounds` × (live blocks) random 4 KiB overwrites, calling
+/// Fill to `fraction`, then `rounds` × (blocks of the files) random 4 KiB overwrites, calling
 /// `maintain` every `maintain_every` of them (never if `None`).
 fn run(fraction: f64, rounds: f64, maintain_every: Option<u64>, seed: u64) {
+    run_on(fraction, rounds, maintain_every, seed, usize::MAX);
+}
+
+/// As [`run`], overwriting only the last `hot` files made (the rest stay as written: cold);
+/// `rounds` counts in blocks of the hot files.
+fn run_on(fraction: f64, rounds: f64, maintain_every: Option<u64>, seed: u64, hot: usize) {
     let dev: Arc<dyn Device> = Arc::new(MemDevice::new(BS as u32, 16_384).unwrap());
     Fs::mkfs(dev.clone(), &MkfsOptions { streams: 4, segment_blocks: 256, uuid: None }).unwrap();
     let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
     let mut files = fill(&fs, fraction);
     let blocks_per_file = FILE_BYTES / BS;
-    let live_blocks = files.inos.len() * blocks_per_file;
-    let writes = (live_blocks as f64 * rounds) as u64;
+    let hot_blocks = files.inos.len().min(hot) * blocks_per_file;
+    let writes = (hot_blocks as f64 * rounds) as u64;
     let mut rng = fastrand::Rng::with_seed(seed);
     let before = dev.stats().bytes_written;
     let t0 = std::time::Instant::now();
     for n in 0..writes {
-        let f = rng.usize(..files.inos.len());
+        let n_files = files.inos.len();
+        let f = rng.usize(n_files.saturating_sub(hot)..n_files);
         let off = rng.usize(..blocks_per_file) * BS;
         // Distinct bytes per write, so a block read from a stale or wrong place shows.
         let mut data: Vec<u8> = (0..BS).map(|i| (i as u64 ^ n) as u8).collect();
@@ -116,4 +123,12 @@ fn overwrites_at_75_percent_without_maintain() {
 #[test]
 fn overwrites_at_90_percent_without_maintain() {
     run(0.90, 1.0, None, 4);
+}
+
+/// Cold data at the head of every stream's chain must not stop the cleaning of the dead space
+/// behind it: one hot file is overwritten while the rest of a 75 % full file system stays as
+/// written.
+#[test]
+fn overwrites_of_one_hot_file_behind_cold_data() {
+    run_on(0.75, 40.0, None, 5, 1);
 }

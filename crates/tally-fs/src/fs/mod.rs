@@ -117,6 +117,9 @@ pub struct Fs {
     /// Longest wait of an operation outside transactions for one holding what it changes, in
     /// milliseconds; `u64::MAX`: until it ends ([`Fs::set_txn_wait_max`]).
     txn_wait_max_ms: std::sync::atomic::AtomicU64,
+    /// `State::dead_blocks` when a pass of cleaning before an operation last left space low:
+    /// until more dies, another pass would only move live data around (`u64::MAX`: none yet).
+    futile_clean_at: std::sync::atomic::AtomicU64,
 }
 
 /// How a mount went.
@@ -257,6 +260,7 @@ impl Fs {
             policy: opts.streams,
             report,
             txn_wait_max_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
+            futile_clean_at: std::sync::atomic::AtomicU64::new(u64::MAX),
         };
         // Files that were open when their last link went, and then the crash (or an unmount
         // with handles still open): nobody can reach them any more.
@@ -349,22 +353,7 @@ impl Fs {
                     return Err(FsError::NoTxn);
                 }
             }
-            // Clean while space is low and cleaning frees something (any operation: deletes
-            // need room for their records too): any segment whose live part, packed, takes
-            // less than it does. Cleaning plans its relocations before writing, so it fails
-            // cleanly when even they do not fit. Bounded by one pass over the log.
-            let segments =
-                self.log.device().geometry().block_count / u64::from(self.segment_blocks);
-            for _ in 0..segments {
-                if self.log.free_segments() > RESERVED_SEGMENTS + 1 {
-                    break;
-                }
-                match self.clean_some(&mut st, 100) {
-                    Ok(true) => {}
-                    Ok(false) | Err(FsError::NoSpace) => break,
-                    Err(e) => return Err(e),
-                }
-            }
+            self.clean_before_op(&mut st)?;
             // Operations that add data or objects leave the reserve to deletes and cleaning.
             if grows && self.log.free_segments() <= RESERVED_SEGMENTS {
                 return Err(FsError::NoSpace);
@@ -403,6 +392,39 @@ impl Fs {
                 }
             }
         }
+    }
+
+    /// Clean while space is low (any operation: deletes need room for their records too):
+    /// the oldest segment of the stream whose oldest segment is least live, whatever its
+    /// share of live data, as long as that, packed, fits in a segment — cleaning never loses
+    /// space, and moving a stream's live head on is what reaches the dead space behind it.
+    /// Bounded by one pass over the log; a pass that leaves space low is not repeated until
+    /// more data dies. Cleaning plans its relocations before writing, so it fails cleanly
+    /// when even they do not fit.
+    fn clean_before_op(&self, st: &mut State) -> Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let low = |fs: &Fs| fs.log.free_segments() <= RESERVED_SEGMENTS + 1;
+        if !low(self)
+            || !st.txns.open.is_empty()
+            || self.futile_clean_at.load(Relaxed) == st.dead_blocks
+        {
+            return Ok(());
+        }
+        let segments = self.log.device().geometry().block_count / u64::from(self.segment_blocks);
+        for _ in 0..segments {
+            if !low(self) {
+                return Ok(());
+            }
+            match self.clean_some(st, 100) {
+                Ok(true) => {}
+                Ok(false) | Err(FsError::NoSpace) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        if low(self) {
+            self.futile_clean_at.store(st.dead_blocks, Relaxed);
+        }
+        Ok(())
     }
 
     pub(crate) fn stream_of(&self, ino: Ino) -> u16 {
