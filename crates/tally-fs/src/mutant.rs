@@ -25,6 +25,11 @@ pub enum FsMutant {
     /// `fsck` counts the data blocks but does not read them: a damaged block passes. Not a protocol mutant (not in [`FsMutant::ALL`], which the crash explorer
     /// judges); the image-damage tests of `tally fsck` must catch it.
     FsckSkipsDataBlocks,
+    /// `barrier` keeps the oldest not-yet-durable barrier of a stream instead of its newest:
+    /// a later barrier on the same stream orders nothing. Not in [`FsMutant::ALL`] (the
+    /// explorer's workloads are too short to reach it); `tally-crash`'s
+    /// `tests/fs_barrier_crash.rs` must catch it.
+    BarrierKeepsOldest,
 }
 
 impl FsMutant {
@@ -49,13 +54,17 @@ impl FsMutant {
             FsMutant::FsyncNotDurable => "fsync-not-durable",
             FsMutant::TombstoneDroppedEarly => "tombstone-dropped-early",
             FsMutant::FsckSkipsDataBlocks => "fsck-skips-data-blocks",
+            FsMutant::BarrierKeepsOldest => "barrier-keeps-oldest",
         }
     }
 
     /// Parse a name.
     #[must_use]
     pub fn from_name(name: &str) -> Option<FsMutant> {
-        FsMutant::ALL.into_iter().chain([FsMutant::FsckSkipsDataBlocks]).find(|m| m.name() == name)
+        FsMutant::ALL
+            .into_iter()
+            .chain([FsMutant::FsckSkipsDataBlocks, FsMutant::BarrierKeepsOldest])
+            .find(|m| m.name() == name)
     }
 }
 

@@ -204,7 +204,8 @@ pub(crate) struct State {
     /// Data blocks whose bytes are held until durable.
     pub cached: VecDeque<Cached>,
     pub cached_bytes: usize,
-    /// Transactions later operations must depend on while they are not durable (barriers).
+    /// Transactions later operations must depend on while they are not durable (barriers):
+    /// at most one per stream, its newest.
     pub barriers: Vec<TxId>,
     pub txns: crate::txn::Txns,
     /// Set after a failed write or flush: every change fails until remount.
