@@ -4,75 +4,37 @@
 //! image recovered from its log, to see what was made durable. The mount part needs root and
 //! /dev/fuse, and says so when it skips.
 
-use std::fs::{self, OpenOptions};
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::fs;
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn scratch(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tally-atomic-cli-{}-{tag}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
+use common::{code, scratch, stderr, tally, wait_until};
+
+/// `tally atomic DIR -- sh -c SCRIPT`, not yet run.
+fn atomic_command(dir: &Path, script: &str) -> Command {
+    let mut cmd = common::tally_command();
+    cmd.arg("atomic").arg(dir).args(["--", "sh", "-c", script]);
+    cmd
 }
 
-fn tally(args: &[&str], paths: &[&Path]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tally")).args(args).args(paths).output().unwrap()
-}
-
-/// `tally atomic DIR -- sh -c SCRIPT`.
+/// `tally atomic DIR -- sh -c SCRIPT`, run to completion.
 fn atomic(dir: &Path, script: &str) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tally"))
-        .arg("atomic")
-        .arg(dir)
-        .args(["--", "sh", "-c", script])
-        .output()
-        .unwrap()
+    atomic_command(dir, script).output().unwrap()
 }
 
-fn code(out: &Output) -> i32 {
-    out.status.code().unwrap_or(-1)
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn fuse_unavailable() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not running as root".into());
-    }
-    if let Err(e) = OpenOptions::new().read(true).write(true).open("/dev/fuse") {
-        return Some(format!("/dev/fuse unusable: {e}"));
-    }
-    None
-}
-
-/// Detach the mount if the test fails half way.
-struct Unmount(PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).output();
-    }
-}
+/// How long a command on the mount gets to reach a step.
+const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn read(p: &Path) -> Option<String> {
     fs::read_to_string(p).ok()
 }
 
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn outside_a_tally_mount_it_refuses_to_run_the_command() {
-    let dir = scratch("refuse");
+    let dir = scratch("atomic-cli", "refuse");
     let marker = dir.join("ran");
     let out = atomic(&dir, &format!("touch {}", marker.display()));
     assert_eq!(code(&out), 125, "{}", stderr(&out));
@@ -87,24 +49,12 @@ fn outside_a_tally_mount_it_refuses_to_run_the_command() {
 
 #[test]
 fn commands_commit_on_success_and_abort_otherwise() {
-    if let Some(why) = fuse_unavailable() {
-        eprintln!("skipped: {why}");
+    if common::skip_without_fuse() {
         return;
     }
-    let dir = scratch("mount");
-    let (image, mnt, log) = (dir.join("image"), dir.join("mnt"), dir.join("log"));
-    fs::create_dir_all(&mnt).unwrap();
-    assert_eq!(code(&tally(&["mkfs", "--size", "128M"], &[&image])), 0);
-    let out = tally(&["mount", "--log"], &[&log, &image, &mnt]);
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
-    let guard = Unmount(mnt.clone());
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let daemon: i32 = stdout
-        .split("daemon pid ")
-        .nth(1)
-        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|digits| digits.parse().ok())
-        .unwrap_or_else(|| panic!("no daemon pid in {stdout:?}"));
+    let dir = scratch("atomic-cli", "mount");
+    let (image, mnt, log) = common::mkfs_in(&dir, "128M");
+    let (daemon, guard) = common::mount_daemon_pid(&image, &mnt, &log);
     let m = mnt.display().to_string();
     fs::create_dir(mnt.join("etc")).unwrap();
     fs::write(mnt.join("etc/a.conf"), "a=1\n").unwrap();
@@ -153,15 +103,14 @@ fn commands_commit_on_success_and_abort_otherwise() {
 
     // Another process writing an unrelated file meanwhile keeps its change; a file the
     // transaction holds is refused to it (EBUSY after the mount's 100 ms) instead of blocking.
-    let mut running = Command::new(env!("CARGO_BIN_EXE_tally"))
-        .arg("atomic")
-        .arg(&mnt)
-        .args(["--", "sh", "-c"])
-        .arg(format!("echo in > {m}/in; echo a=5 > {m}/etc/a.conf; sleep 1; exit 1"))
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_until("the command wrote", || mnt.join("in").exists());
+    let mut running = atomic_command(
+        &mnt,
+        &format!("echo in > {m}/in; echo a=5 > {m}/etc/a.conf; sleep 1; exit 1"),
+    )
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    wait_until("the command wrote", STEP_TIMEOUT, || mnt.join("in").exists());
     fs::write(mnt.join("outside"), "mine\n").unwrap();
     let started = Instant::now();
     let refused = fs::write(mnt.join("etc/a.conf"), "a=outside\n").unwrap_err();
@@ -173,29 +122,19 @@ fn commands_commit_on_success_and_abort_otherwise() {
     assert_eq!(read(&mnt.join("etc/a.conf")).as_deref(), Some("a=2\n"));
 
     // `tally atomic` itself killed: its open file closes and the mount aborts.
-    let mut doomed = Command::new(env!("CARGO_BIN_EXE_tally"))
-        .arg("atomic")
-        .arg(&mnt)
-        .args(["--", "sh", "-c"])
-        .arg(format!("echo doomed > {m}/doomed; sleep 2"))
+    let mut doomed = atomic_command(&mnt, &format!("echo doomed > {m}/doomed; sleep 2"))
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    wait_until("the doomed command wrote", || mnt.join("doomed").exists());
+    wait_until("the doomed command wrote", STEP_TIMEOUT, || mnt.join("doomed").exists());
     doomed.kill().unwrap();
     doomed.wait().unwrap();
-    wait_until("the mount aborted", || !mnt.join("doomed").exists());
+    wait_until("the mount aborted", STEP_TIMEOUT, || !mnt.join("doomed").exists());
 
     // The daemon killed: only the durably committed transactions are on the media.
-    // SAFETY: kill on the daemon this test started.
-    assert_eq!(unsafe { libc::kill(daemon, libc::SIGKILL) }, 0);
-    let out = tally(&["umount", "--lazy"], &[&mnt]);
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
-    let dev: std::sync::Arc<dyn tally_media::Device> = std::sync::Arc::new(
-        tally_media::FileDevice::open(&image, tally_media::FileOptions::default()).unwrap(),
-    );
-    let fs = tally_fs::Fs::mount(dev, tally_fs::MountOptions::default()).unwrap();
-    assert!(!fs.mount_report().from_snapshot, "no snapshot after SIGKILL");
+    common::sigkill(daemon);
+    common::umount_lazy(&mnt);
+    let fs = common::recovered(&image);
     let content = |path: &[&str]| -> Option<Vec<u8>> {
         let mut ino = tally_fs::ROOT;
         for name in path {
@@ -212,9 +151,7 @@ fn commands_commit_on_success_and_abort_otherwise() {
     for gone in ["late2", "early2", "in", "doomed"] {
         assert_eq!(content(&[gone]), None, "{gone} survived its abort");
     }
-    let report = fs.fsck();
-    assert!(report.is_clean(), "{:?}", report.problems);
-    fs.unmount().unwrap();
+    common::check_clean_and_unmount(fs);
     drop(guard);
     let _ = fs::remove_dir_all(&dir);
 }

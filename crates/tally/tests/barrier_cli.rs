@@ -3,37 +3,15 @@
 //! when it skips). What a barrier orders across a crash is the file-system crash explorer's
 //! business (docs/FS-CRASH-TESTING.md); here only that the ioctl reaches the mount.
 
-use std::fs::{self, OpenOptions};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn scratch(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tally-barrier-cli-{}-{tag}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use std::fs;
 
-fn tally(args: &[&str], paths: &[&Path]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tally")).args(args).args(paths).output().unwrap()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// Detach the mount if the test fails half way.
-struct Unmount(PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).output();
-    }
-}
+use common::{scratch, stderr, tally, Unmount};
 
 #[test]
 fn outside_a_tally_mount_a_barrier_is_refused_with_exit_1() {
-    let dir = scratch("outside");
+    let dir = scratch("barrier-cli", "outside");
     let file = dir.join("f");
     fs::write(&file, b"x").unwrap();
     let out = tally(&["barrier"], &[&file]);
@@ -48,16 +26,10 @@ fn outside_a_tally_mount_a_barrier_is_refused_with_exit_1() {
 
 #[test]
 fn on_a_tally_mount_files_and_directories_take_barriers() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: not running as root");
+    if common::skip_without_fuse() {
         return;
     }
-    if let Err(e) = OpenOptions::new().read(true).write(true).open("/dev/fuse") {
-        eprintln!("skipped: /dev/fuse unusable: {e}");
-        return;
-    }
-    let dir = scratch("mount");
+    let dir = scratch("barrier-cli", "mount");
     let (image, mnt) = (dir.join("image"), dir.join("mnt"));
     fs::create_dir_all(&mnt).unwrap();
     let made = tally(&["mkfs", "--size", "64M"], &[&image]);

@@ -1,15 +1,12 @@
 //! `tally crash log` and `tally crash fs`: JSON fields, exit status, replay of a mutant's
 //! violation, on the block and the persistent-memory medium.
 
-use std::process::Command;
+mod common;
 
+/// `tally ARGS`: exit code, standard output, standard error.
 fn tally(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tally")).args(args).output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let out = common::tally(args, &[]);
+    (common::code(&out), common::stdout(&out), common::stderr(&out))
 }
 
 #[test]

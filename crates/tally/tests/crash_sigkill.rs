@@ -12,41 +12,21 @@
 //! instead of write-then-rename) and requires a violation from each. Needs root and /dev/fuse; skips
 //! otherwise, saying so.
 
+mod common;
+
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::{code, tally, text};
+
 const ATOMIC_FILES: u32 = 8;
 const UPDATERS: u32 = 2;
 const APPENDERS: u32 = 2;
-
-fn tally(args: &[&str], paths: &[&Path]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tally")).args(args).args(paths).output().unwrap()
-}
-
-fn code(out: &Output) -> i32 {
-    out.status.code().unwrap_or(-1)
-}
-
-fn text(out: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
-}
-
-fn fuse_unavailable() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not running as root".into());
-    }
-    if let Err(e) = OpenOptions::new().read(true).write(true).open("/dev/fuse") {
-        return Some(format!("/dev/fuse unusable: {e}"));
-    }
-    None
-}
 
 /// Version `v` of atomic file `i`: a header naming it, then bytes only it has, of a length
 /// that changes with the version (one to four blocks), so a mix of two versions cannot pass.
@@ -161,39 +141,12 @@ fn appender(mnt: &Path, t: u32, broken: Broken, acked: &Mutex<Acked>, stop: &Ato
     let _ = run();
 }
 
-/// Detach the mount if the test fails half way.
-struct Unmount(PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).output();
-    }
-}
-
-fn mount(image: &Path, mnt: &Path, log: &Path) -> (i32, Unmount) {
-    let out = tally(&["mount", "--log"], &[log, image, mnt]);
-    assert_eq!(code(&out), 0, "{}", text(&out));
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let pid = stdout
-        .split("daemon pid ")
-        .nth(1)
-        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|digits| digits.parse().ok())
-        .unwrap_or_else(|| panic!("no daemon pid in {stdout:?}"));
-    (pid, Unmount(mnt.to_path_buf()))
-}
-
 /// One run: workload, SIGKILL after `kill_after_ms`, fsck, remount, checks. Returns the
 /// violations found (empty: the run passed).
 fn run_once(seed: u64, broken: Broken) -> Vec<String> {
-    let dir = std::env::temp_dir().join(format!("tally-sigkill-{}-{seed}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    let (image, mnt, log) = (dir.join("image"), dir.join("mnt"), dir.join("log"));
-    fs::create_dir_all(&mnt).unwrap();
-    let out = tally(&["mkfs", "--size", "256M"], &[&image]);
-    assert_eq!(code(&out), 0, "{}", text(&out));
-    let (pid, guard) = mount(&image, &mnt, &log);
+    let dir = common::scratch("sigkill", &seed.to_string());
+    let (image, mnt, log) = common::mkfs_in(&dir, "256M");
+    let (pid, guard) = common::mount_daemon_pid(&image, &mnt, &log);
 
     // Version 0 of every atomic file and empty logs, all durable.
     fs::create_dir(mnt.join("atomic")).unwrap();
@@ -221,8 +174,7 @@ fn run_once(seed: u64, broken: Broken) -> Vec<String> {
     }
     let kill_after_ms = 300 + fastrand::Rng::with_seed(seed).u64(..700);
     std::thread::sleep(Duration::from_millis(kill_after_ms));
-    // SAFETY: kill on the daemon this test started.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    common::sigkill(pid);
     // What a worker learns after this instant does not count: the daemon is dead.
     let acked = {
         let snapshot = acked.lock().unwrap();
@@ -232,8 +184,7 @@ fn run_once(seed: u64, broken: Broken) -> Vec<String> {
     for w in workers {
         w.join().unwrap();
     }
-    let out = tally(&["umount", "--lazy"], &[&mnt]);
-    assert_eq!(code(&out), 0, "{}", text(&out));
+    common::umount_lazy(&mnt);
     drop(guard);
 
     let mut violations = Vec::new();
@@ -241,7 +192,7 @@ fn run_once(seed: u64, broken: Broken) -> Vec<String> {
     if code(&out) != 0 {
         violations.push(format!("fsck after the crash: exit {}: {}", code(&out), text(&out)));
     }
-    let (_pid, guard) = mount(&image, &mnt, &log);
+    let (_pid, guard) = common::mount_daemon_pid(&image, &mnt, &log);
     violations.extend(check(&mnt, &acked));
     let out = tally(&["umount"], &[&mnt]);
     assert_eq!(code(&out), 0, "{}", text(&out));
@@ -309,8 +260,7 @@ fn check(mnt: &Path, acked: &Acked) -> Vec<String> {
 
 #[test]
 fn sigkill_during_a_parallel_workload_keeps_what_fsync_acknowledged() {
-    if let Some(why) = fuse_unavailable() {
-        eprintln!("skipped: {why}");
+    if common::skip_without_fuse() {
         return;
     }
     let seeds: Vec<u64> = match std::env::var("TALLY_SIGKILL_SEED") {
@@ -328,8 +278,7 @@ fn sigkill_during_a_parallel_workload_keeps_what_fsync_acknowledged() {
 
 #[test]
 fn the_checks_catch_broken_workloads() {
-    if let Some(why) = fuse_unavailable() {
-        eprintln!("skipped: {why}");
+    if common::skip_without_fuse() {
         return;
     }
     for broken in [Broken::FsyncWithoutFlush, Broken::InPlaceUpdate] {

@@ -2,36 +2,21 @@
 //! an unusable image, the image's bytes unchanged (also when it needs recovery), an image in
 //! use refused, the JSON shapes.
 
+mod common;
+
 use std::fs::{self, File};
 use std::os::unix::fs::FileExt as _;
 use std::os::unix::io::AsRawFd as _;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Output;
 use std::sync::Arc;
 
 use tally_fs::{Fs, MkfsOptions, MountOptions, Owner, ROOT};
 use tally_media::{Device, FileDevice, FileOptions};
 
+use common::{code, tally, text};
+
 const MARKER: &[u8] = b"FSCK-CLI-DATA:";
-
-fn scratch(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tally-fsck-cli-{}-{tag}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn tally(args: &[&str], image: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tally")).args(args).arg(image).output().unwrap()
-}
-
-fn code(out: &Output) -> i32 {
-    out.status.code().unwrap_or(-1)
-}
-
-fn text(out: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
-}
 
 fn json(out: &Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(out)))
@@ -60,16 +45,16 @@ fn make_image(path: &Path, clean: bool) {
 
 #[test]
 fn fsck_and_inspect_leave_every_byte_and_give_the_documented_exit_codes() {
-    let dir = scratch("codes");
+    let dir = common::scratch("fsck-cli", "codes");
     for clean in [false, true] {
         let image = dir.join(format!("image-{clean}"));
         make_image(&image, clean);
         let before = fs::read(&image).unwrap();
 
-        let out = tally(&["fsck"], &image);
+        let out = tally(&["fsck"], &[&image]);
         assert_eq!(code(&out), 0, "{}", text(&out));
         assert!(text(&out).contains("clean"), "{}", text(&out));
-        let out = tally(&["fsck", "--json"], &image);
+        let out = tally(&["fsck", "--json"], &[&image]);
         assert_eq!(code(&out), 0, "{}", text(&out));
         let v = json(&out);
         assert_eq!(v["status"], "clean");
@@ -80,10 +65,10 @@ fn fsck_and_inspect_leave_every_byte_and_give_the_documented_exit_codes() {
             assert!(v["mount"]["transactions_replayed"].as_u64().unwrap() > 0, "{v}");
         }
 
-        let out = tally(&["inspect"], &image);
+        let out = tally(&["inspect"], &[&image]);
         assert_eq!(code(&out), 0, "{}", text(&out));
         assert!(text(&out).contains("stream 1:"), "{}", text(&out));
-        let out = tally(&["inspect", "--json"], &image);
+        let out = tally(&["inspect", "--json"], &[&image]);
         assert_eq!(code(&out), 0, "{}", text(&out));
         let v = json(&out);
         assert_eq!(v["from_snapshot"], clean);
@@ -112,34 +97,30 @@ fn fsck_and_inspect_leave_every_byte_and_give_the_documented_exit_codes() {
     let f = fs::OpenOptions::new().write(true).open(&image).unwrap();
     f.write_all_at(&[bytes[at + 100] ^ 0x10], (at + 100) as u64).unwrap();
     let damaged = fs::read(&image).unwrap();
-    let out = tally(&["fsck", "--json"], &image);
+    let out = tally(&["fsck", "--json"], &[&image]);
     assert_eq!(code(&out), 4, "{}", text(&out));
     let v = json(&out);
     assert_eq!(v["status"], "corrupt");
     assert!(v["checked"]["problems"][0].as_str().unwrap().contains("checksum"), "{v}");
-    assert_eq!(code(&tally(&["fsck"], &image)), 4);
+    assert_eq!(code(&tally(&["fsck"], &[&image])), 4);
     assert!(fs::read(&image).unwrap() == damaged);
 
     // Not a Tally image, both copies' magic gone: unusable.
     let image = dir.join("image-false");
     let f = fs::OpenOptions::new().write(true).open(&image).unwrap();
     f.write_all_at(b"XXXX", 0).unwrap();
-    let out = tally(&["fsck"], &image);
+    let out = tally(&["fsck"], &[&image]);
     assert_eq!(code(&out), 0, "one torn copy is normal, the other serves: {}", text(&out));
     assert!(text(&out).contains("invalid"), "{}", text(&out));
     f.write_all_at(b"XXXX", 4096).unwrap();
-    let out = tally(&["fsck", "--json"], &image);
+    let out = tally(&["fsck", "--json"], &[&image]);
     assert_eq!(code(&out), 8, "{}", text(&out));
     assert_eq!(json(&out)["status"], "unusable");
-    assert_eq!(code(&tally(&["inspect"], &image)), 8);
+    assert_eq!(code(&tally(&["inspect"], &[&image])), 8);
     // Mount refuses it before any FUSE work, with its own code for "not a Tally image".
     let mnt = dir.join("mnt");
     fs::create_dir_all(&mnt).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
-        .args(["mount", "--foreground"])
-        .args([&image, &mnt])
-        .output()
-        .unwrap();
+    let out = tally(&["mount", "--foreground"], &[&image, &mnt]);
     assert_eq!(code(&out), 2, "{}", text(&out));
     assert!(text(&out).contains("is it a Tally image"), "{}", text(&out));
 
@@ -147,21 +128,17 @@ fn fsck_and_inspect_leave_every_byte_and_give_the_documented_exit_codes() {
     let image = dir.join("truncated");
     make_image(&image, true);
     File::options().write(true).open(&image).unwrap().set_len(32 << 20).unwrap();
-    let out = tally(&["fsck"], &image);
+    let out = tally(&["fsck"], &[&image]);
     assert_eq!(code(&out), 8, "{}", text(&out));
     assert!(text(&out).contains("truncated"), "{}", text(&out));
-    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
-        .args(["mount", "--foreground"])
-        .args([&image, &mnt])
-        .output()
-        .unwrap();
+    let out = tally(&["mount", "--foreground"], &[&image, &mnt]);
     assert_eq!(code(&out), 2, "mount of a truncated image: {}", text(&out));
     File::options().write(true).open(&image).unwrap().set_len(100).unwrap();
-    assert_eq!(code(&tally(&["fsck"], &image)), 8);
+    assert_eq!(code(&tally(&["fsck"], &[&image])), 8);
 
     // Bad arguments.
-    assert_eq!(code(&tally(&["fsck"], &dir.join("missing"))), 2);
-    assert_eq!(code(&tally(&["fsck"], &dir)), 2);
+    assert_eq!(code(&tally(&["fsck"], &[&dir.join("missing")])), 2);
+    assert_eq!(code(&tally(&["fsck"], &[&dir])), 2);
 
     // In use: a mount's daemon holds an exclusive flock on its image.
     let image = dir.join("in-use");
@@ -169,13 +146,13 @@ fn fsck_and_inspect_leave_every_byte_and_give_the_documented_exit_codes() {
     let held = File::open(&image).unwrap();
     // SAFETY: flock on a descriptor owned by `held`.
     assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
-    let out = tally(&["fsck", "--json"], &image);
+    let out = tally(&["fsck", "--json"], &[&image]);
     assert_eq!(code(&out), 3, "{}", text(&out));
     assert_eq!(json(&out)["status"], "in_use");
-    let out = tally(&["inspect"], &image);
+    let out = tally(&["inspect"], &[&image]);
     assert_eq!(code(&out), 0, "inspect warns and shows: {}", text(&out));
     assert!(text(&out).contains("in use"), "{}", text(&out));
     drop(held);
-    assert_eq!(code(&tally(&["fsck"], &image)), 0);
+    assert_eq!(code(&tally(&["fsck"], &[&image])), 0);
     let _ = fs::remove_dir_all(&dir);
 }

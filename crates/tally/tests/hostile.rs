@@ -7,13 +7,17 @@
 //! test says when it cannot). Then nothing panicked in the daemon and `tally fsck` is clean.
 //! Needs root and /dev/fuse; skips otherwise, saying so.
 
+mod common;
+
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write as _};
 use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
+
+use common::{tally, text, Unmount};
 
 /// The outcome of one step: "ok" or the errno's name.
 fn outcome<T>(r: io::Result<T>) -> String {
@@ -297,34 +301,6 @@ fn run_cases(root: &Path) -> Vec<(&'static str, Vec<String>)> {
         .collect()
 }
 
-fn tally(args: &[&str], paths: &[&Path]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tally")).args(args).args(paths).output().unwrap()
-}
-
-fn text(out: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
-}
-
-fn fuse_unavailable() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not running as root".into());
-    }
-    if let Err(e) = OpenOptions::new().read(true).write(true).open("/dev/fuse") {
-        return Some(format!("/dev/fuse unusable: {e}"));
-    }
-    None
-}
-
-/// Detach a mount when the test ends, however it ends.
-struct Unmount(PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).output();
-    }
-}
-
 /// ext4 on a loop device of the same size, if this machine can.
 fn mount_ext4(dir: &Path) -> Result<(PathBuf, Unmount), String> {
     let (image, mnt) = (dir.join("ext4.img"), dir.join("ext4"));
@@ -347,20 +323,12 @@ fn mount_ext4(dir: &Path) -> Result<(PathBuf, Unmount), String> {
 
 #[test]
 fn hostile_input_gets_the_errno_linux_gives_and_fsck_stays_clean() {
-    if let Some(why) = fuse_unavailable() {
-        eprintln!("skipped: {why}");
+    if common::skip_without_fuse() {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("tally-hostile-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    let (image, mnt, log) = (dir.join("image"), dir.join("mnt"), dir.join("log"));
-    fs::create_dir_all(&mnt).unwrap();
-    let out = tally(&["mkfs", "--size", "64M"], &[&image]);
-    assert!(out.status.success(), "{}", text(&out));
-    let out = tally(&["mount", "--log"], &[&log, &image, &mnt]);
-    assert!(out.status.success(), "{}", text(&out));
-    let guard = Unmount(mnt.clone());
+    let dir = common::scratch("hostile", "errno");
+    let (image, mnt, log) = common::mkfs_in(&dir, "64M");
+    let (_, guard) = common::mount_daemon(&image, &mnt, &log);
 
     let on_tally = run_cases(&mnt);
     let on_ext4 = match mount_ext4(&dir) {

@@ -1,7 +1,10 @@
 //! `tally probe` as a user runs it: the built binary on a temporary path.
 
+mod common;
+
 use std::path::PathBuf;
-use std::process::Command;
+
+use common::tally;
 
 fn temp_path(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!("tally-probe-cli-{}-{tag}", std::process::id()))
@@ -19,11 +22,7 @@ fn positive(value: &serde_json::Value, pointer: &str) -> f64 {
 #[test]
 fn probe_json_reports_positive_latencies() {
     let path = temp_path("json");
-    let output = Command::new(env!("CARGO_BIN_EXE_tally"))
-        .args(["probe", "--json", "--iterations", "20", "--size", "8M"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let output = tally(&["probe", "--json", "--iterations", "20", "--size", "8M"], &[&path]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -59,8 +58,7 @@ fn probe_json_reports_positive_latencies() {
 #[test]
 fn probe_bad_path_exits_2_with_a_message() {
     let path = temp_path("no-such-dir").join("file");
-    let output =
-        Command::new(env!("CARGO_BIN_EXE_tally")).arg("probe").arg(&path).output().unwrap();
+    let output = tally(&["probe"], &[&path]);
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("does not exist"), "stderr: {stderr}");
@@ -71,8 +69,7 @@ fn probe_bad_path_exits_2_with_a_message() {
 fn probe_refuses_a_file_with_data() {
     let path = temp_path("data");
     std::fs::write(&path, b"keep me").unwrap();
-    let output =
-        Command::new(env!("CARGO_BIN_EXE_tally")).arg("probe").arg(&path).output().unwrap();
+    let output = tally(&["probe"], &[&path]);
     let contents = std::fs::read(&path).unwrap();
     std::fs::remove_file(&path).unwrap();
     assert_eq!(output.status.code(), Some(2), "{output:?}");
