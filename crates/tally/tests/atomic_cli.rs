@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{code, scratch, stderr, tally, wait_until};
+use common::{code, require_fuse, scratch, stderr, tally, wait_until};
 
 /// `tally atomic DIR -- sh -c SCRIPT`, not yet run.
 fn atomic_command(dir: &Path, script: &str) -> Command {
@@ -49,9 +49,7 @@ fn outside_a_tally_mount_it_refuses_to_run_the_command() {
 
 #[test]
 fn commands_commit_on_success_and_abort_otherwise() {
-    if common::skip_without_fuse() {
-        return;
-    }
+    require_fuse!();
     let dir = scratch("atomic-cli", "mount");
     let (image, mnt, log) = common::mkfs_in(&dir, "128M");
     let (daemon, guard) = common::mount_daemon_pid(&image, &mnt, &log);

@@ -7,7 +7,7 @@ mod common;
 
 use std::fs;
 
-use common::{scratch, stderr, tally, Unmount};
+use common::{require_fuse, scratch, stderr, tally, Unmount};
 
 #[test]
 fn outside_a_tally_mount_a_barrier_is_refused_with_exit_1() {
@@ -26,9 +26,7 @@ fn outside_a_tally_mount_a_barrier_is_refused_with_exit_1() {
 
 #[test]
 fn on_a_tally_mount_files_and_directories_take_barriers() {
-    if common::skip_without_fuse() {
-        return;
-    }
+    require_fuse!();
     let dir = scratch("barrier-cli", "mount");
     let (image, mnt) = (dir.join("image"), dir.join("mnt"));
     fs::create_dir_all(&mnt).unwrap();

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{code, tally, text};
+use common::{code, require_fuse, tally, text};
 
 const ATOMIC_FILES: u32 = 8;
 const UPDATERS: u32 = 2;
@@ -260,9 +260,7 @@ fn check(mnt: &Path, acked: &Acked) -> Vec<String> {
 
 #[test]
 fn sigkill_during_a_parallel_workload_keeps_what_fsync_acknowledged() {
-    if common::skip_without_fuse() {
-        return;
-    }
+    require_fuse!();
     let seeds: Vec<u64> = match std::env::var("TALLY_SIGKILL_SEED") {
         Ok(s) => vec![s.parse().expect("TALLY_SIGKILL_SEED is a number")],
         Err(_) => vec![1, 2, 3],
@@ -278,9 +276,7 @@ fn sigkill_during_a_parallel_workload_keeps_what_fsync_acknowledged() {
 
 #[test]
 fn the_checks_catch_broken_workloads() {
-    if common::skip_without_fuse() {
-        return;
-    }
+    require_fuse!();
     for broken in [Broken::FsyncWithoutFlush, Broken::InPlaceUpdate] {
         // A kill can land where the broken workload happens to be consistent: up to 4 seeds.
         let caught = (10..14).any(|seed| !run_once(seed, broken).is_empty());

@@ -17,7 +17,7 @@ use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{tally, text, Unmount};
+use common::{require_fuse, tally, text, Unmount};
 
 /// The outcome of one step: "ok" or the errno's name.
 fn outcome<T>(r: io::Result<T>) -> String {
@@ -323,9 +323,7 @@ fn mount_ext4(dir: &Path) -> Result<(PathBuf, Unmount), String> {
 
 #[test]
 fn hostile_input_gets_the_errno_linux_gives_and_fsck_stays_clean() {
-    if common::skip_without_fuse() {
-        return;
-    }
+    require_fuse!();
     let dir = common::scratch("hostile", "errno");
     let (image, mnt, log) = common::mkfs_in(&dir, "64M");
     let (_, guard) = common::mount_daemon(&image, &mnt, &log);

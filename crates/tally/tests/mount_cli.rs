@@ -6,7 +6,7 @@ mod common;
 use std::fs::{self, File};
 use std::time::Duration;
 
-use common::{code, scratch, stderr, tally, wait_until};
+use common::{code, require_fuse, scratch, stderr, tally, wait_until};
 
 #[test]
 fn mkfs_makes_sparse_images_and_refuses_to_overwrite() {
@@ -61,9 +61,7 @@ fn mkfs_makes_sparse_images_and_refuses_to_overwrite() {
 
 #[test]
 fn mount_daemon_serves_until_umount_and_refuses_a_second_mount() {
-    if common::skip_without_fuse() {
-        return;
-    }
+    require_fuse!();
     let dir = scratch("mount-cli", "mount");
     let (image, mnt, mnt2, log) =
         (dir.join("image"), dir.join("mnt"), dir.join("mnt2"), dir.join("log"));
@@ -111,9 +109,7 @@ fn mount_daemon_serves_until_umount_and_refuses_a_second_mount() {
 
 #[test]
 fn a_daemon_killed_with_sigkill_keeps_what_was_fsynced() {
-    if common::skip_without_fuse() {
-        return;
-    }
+    require_fuse!();
     let dir = scratch("mount-cli", "sigkill");
     let (image, mnt, log) = common::mkfs_in(&dir, "128M");
     let (pid, guard) = common::mount_daemon_pid(&image, &mnt, &log);

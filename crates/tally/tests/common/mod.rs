@@ -85,6 +85,19 @@ pub fn mkfs_in(dir: &Path, size: &str) -> (PathBuf, PathBuf, PathBuf) {
     (image, mnt, log)
 }
 
+/// Return from the calling test, saying why, when FUSE cannot be used here.
+// The allows: unused in the test binaries that never mount.
+#[allow(unused_macros)]
+macro_rules! require_fuse {
+    () => {
+        if $crate::common::skip_without_fuse() {
+            return;
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use require_fuse;
+
 /// Detaches the mount when the test ends, however it ends.
 pub struct Unmount(pub PathBuf);
 
