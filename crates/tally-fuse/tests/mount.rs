@@ -3,125 +3,18 @@
 //!
 //! Needs root and a usable /dev/fuse (CI has both); otherwise each test prints why it skips.
 
+mod common;
+
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::path::Path;
 
-use tally_fs::{Fs, MkfsOptions, MountOptions};
-use tally_fuse::{MountConfig, Unmounted};
-use tally_media::{Device, FileDevice, FileOptions};
+use tally_fuse::Unmounted;
 
-/// Why FUSE cannot be used here, if it cannot.
-fn fuse_unavailable() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not running as root".into());
-    }
-    if let Err(e) = OpenOptions::new().read(true).write(true).open("/dev/fuse") {
-        return Some(format!("/dev/fuse unusable: {e}"));
-    }
-    None
-}
-
-macro_rules! require_fuse {
-    () => {
-        if let Some(why) = fuse_unavailable() {
-            eprintln!("skipped: {why}");
-            return;
-        }
-    };
-}
-
-/// A temporary image and mount directory, removed on drop.
-struct Scratch {
-    root: PathBuf,
-}
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let root = std::env::temp_dir()
-            .join(format!("tally-fuse-test-{}-{tag}-{nanos}", std::process::id()));
-        fs::create_dir_all(root.join("mnt")).unwrap();
-        let image = root.join("image");
-        File::create(&image).unwrap().set_len(256 << 20).unwrap();
-        Fs::mkfs(device(&image), &MkfsOptions::default()).unwrap();
-        Scratch { root }
-    }
-
-    fn image(&self) -> PathBuf {
-        self.root.join("image")
-    }
-
-    fn dir(&self) -> PathBuf {
-        self.root.join("mnt")
-    }
-
-    fn mount(&self) -> Served {
-        let fs = Fs::mount(device(&self.image()), MountOptions::default()).unwrap();
-        let cfg = MountConfig { allow_other: true, threads: 4, ..MountConfig::default() };
-        let mounted = tally_fuse::mount(fs, &self.dir(), &cfg).unwrap();
-        let thread = std::thread::spawn(move || mounted.run().unwrap());
-        Served { dir: self.dir(), thread: Some(thread) }
-    }
-
-    /// Mount the image without FUSE, to look at it directly.
-    fn open_fs(&self) -> Fs {
-        Fs::mount(device(&self.image()), MountOptions::default()).unwrap()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = tally_fuse::unmount_dir(&self.dir(), true);
-        let _ = fs::remove_dir_all(&self.root);
-    }
-}
-
-fn device(path: &Path) -> Arc<dyn Device> {
-    Arc::new(FileDevice::open(path, FileOptions::default()).unwrap())
-}
-
-/// A mount being served on a thread.
-struct Served {
-    dir: PathBuf,
-    thread: Option<JoinHandle<Unmounted>>,
-}
-
-impl Served {
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
-
-    /// Unmount through the kernel and wait for the session to write its snapshot.
-    fn unmount(mut self) -> Unmounted {
-        let mut tries = 0;
-        while let Err(e) = tally_fuse::unmount_dir(&self.dir, false) {
-            // A release of a just-closed file may still be in flight: EBUSY for a moment.
-            tries += 1;
-            assert!(tries < 100, "unmount of {} failed: {e}", self.dir.display());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.thread.take().unwrap().join().unwrap()
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if self.thread.is_some() {
-            let _ = tally_fuse::unmount_dir(&self.dir, true);
-        }
-    }
-}
+use common::{require_fuse, Scratch};
 
 fn cstr(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).unwrap()
@@ -217,7 +110,7 @@ fn names(dir: &Path) -> Vec<String> {
 #[test]
 fn ordinary_file_operations_survive_unmount_and_remount() {
     require_fuse!();
-    let scratch = Scratch::new("ops");
+    let scratch = Scratch::new("fuse-test", "ops");
     let m = scratch.mount();
 
     // Create, write, read back.
@@ -337,7 +230,7 @@ fn statvfs(p: &Path) -> libc::statvfs {
 #[test]
 fn errors_arrive_as_the_errno_linux_gives() {
     require_fuse!();
-    let scratch = Scratch::new("errno");
+    let scratch = Scratch::new("fuse-test", "errno");
     let m = scratch.mount();
     let code = |r: std::io::Result<()>| r.unwrap_err().raw_os_error().unwrap();
     fs::create_dir(m.path("d")).unwrap();
@@ -357,7 +250,7 @@ fn errors_arrive_as_the_errno_linux_gives() {
 #[test]
 fn parallel_writers_are_served() {
     require_fuse!();
-    let scratch = Scratch::new("parallel");
+    let scratch = Scratch::new("fuse-test", "parallel");
     let m = scratch.mount();
     let workers: Vec<_> = (0..4)
         .map(|t| {
@@ -398,7 +291,7 @@ fn the_kernel_checks_permissions_for_other_users() {
         eprintln!("skipped: setpriv cannot switch to nobody here");
         return;
     }
-    let scratch = Scratch::new("perm");
+    let scratch = Scratch::new("fuse-test", "perm");
     // The test's scratch directory must be reachable by nobody.
     fs::set_permissions(&scratch.root, fs::Permissions::from_mode(0o755)).unwrap();
     let m = scratch.mount();

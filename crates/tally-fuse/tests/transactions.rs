@@ -4,113 +4,17 @@
 //!
 //! Needs root and a usable /dev/fuse (CI has both); otherwise each test prints why it skips.
 
-use std::fs::{self, File, OpenOptions};
+mod common;
+
+use std::fs::{self, File};
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tally_fs::{Fs, MkfsOptions, MountOptions};
-use tally_fuse::{FuseMutant, MountConfig, Unmounted};
-use tally_media::{Device, FileDevice, FileOptions};
+use tally_fuse::{FuseMutant, Unmounted};
 
-fn fuse_unavailable() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not running as root".into());
-    }
-    if let Err(e) = OpenOptions::new().read(true).write(true).open("/dev/fuse") {
-        return Some(format!("/dev/fuse unusable: {e}"));
-    }
-    None
-}
-
-macro_rules! require_fuse {
-    () => {
-        if let Some(why) = fuse_unavailable() {
-            eprintln!("skipped: {why}");
-            return;
-        }
-    };
-}
-
-/// A temporary image and mount directory, removed on drop.
-struct Scratch {
-    root: PathBuf,
-}
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let root = std::env::temp_dir()
-            .join(format!("tally-txn-test-{}-{tag}-{nanos}", std::process::id()));
-        fs::create_dir_all(root.join("mnt")).unwrap();
-        let image = root.join("image");
-        File::create(&image).unwrap().set_len(256 << 20).unwrap();
-        Fs::mkfs(device(&image), &MkfsOptions::default()).unwrap();
-        Scratch { root }
-    }
-
-    fn dir(&self) -> PathBuf {
-        self.root.join("mnt")
-    }
-
-    fn mount(&self, mutant: Option<FuseMutant>) -> Served {
-        let fs = Fs::mount(device(&self.root.join("image")), MountOptions::default()).unwrap();
-        let cfg = MountConfig { threads: 4, mutant, ..MountConfig::default() };
-        let mounted = tally_fuse::mount(fs, &self.dir(), &cfg).unwrap();
-        let thread = std::thread::spawn(move || mounted.run().unwrap());
-        Served { dir: self.dir(), thread: Some(thread) }
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = tally_fuse::unmount_dir(&self.dir(), true);
-        let _ = fs::remove_dir_all(&self.root);
-    }
-}
-
-fn device(path: &Path) -> Arc<dyn Device> {
-    Arc::new(FileDevice::open(path, FileOptions::default()).unwrap())
-}
-
-/// A mount being served on a thread.
-struct Served {
-    dir: PathBuf,
-    thread: Option<JoinHandle<Unmounted>>,
-}
-
-impl Served {
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
-
-    /// Unmount through the kernel and wait for the session to write its snapshot.
-    fn unmount(mut self) -> Unmounted {
-        let mut tries = 0;
-        while let Err(e) = tally_fuse::unmount_dir(&self.dir, false) {
-            tries += 1;
-            assert!(tries < 100, "unmount of {} failed: {e}", self.dir.display());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.thread.take().unwrap().join().unwrap()
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if self.thread.is_some() {
-            let _ = tally_fuse::unmount_dir(&self.dir, true);
-        }
-    }
-}
+use common::{require_fuse, wait_until, Scratch, Served};
 
 /// Size and content of `name`, or `None` when it does not exist. The size comes from a `stat`
 /// made before the content is read (a read refreshes the kernel's attributes), and another
@@ -126,17 +30,38 @@ fn old(content: &str) -> Option<(u64, Vec<u8>)> {
     Some((content.len() as u64, content.as_bytes().to_vec()))
 }
 
+/// Note in `wrong`, each prefixed by `when`, the files of [`abort_two_files`] that a reader of
+/// `m` does not see as they were before the transaction.
+fn check_aborted(m: &Served, when: &str, wrong: &mut Vec<String>) {
+    for (name, want) in [("a", old("old a")), ("b", None), ("gone", old("keep me"))] {
+        let got = state(m, name);
+        if got != want {
+            wrong.push(format!("{when}: {name} is {got:?}, want {want:?}"));
+        }
+    }
+}
+
+/// Unmount cleanly; then what went wrong, if anything.
+fn finish(m: Served, wrong: Vec<String>) -> Result<(), String> {
+    assert_eq!(m.unmount(), Unmounted::Clean);
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("; "))
+    }
+}
+
 /// Two files with old contents, changed (one rewritten longer, one created, one removed) in
 /// a transaction begun on the mount's root directory, and aborted. Returns what a reader sees
 /// right after the abort and after a remount, compared with the old state.
 fn abort_two_files(mutant: Option<FuseMutant>) -> Result<(), String> {
-    let s = Scratch::new("abort");
-    let m = s.mount(None);
+    let s = Scratch::new("txn-test", "abort");
+    let m = s.mount_with(None);
     fs::write(m.path("a"), "old a").unwrap();
     fs::write(m.path("gone"), "keep me").unwrap();
     assert_eq!(m.unmount(), Unmounted::Clean);
 
-    let m = s.mount(mutant);
+    let m = s.mount_with(mutant);
     let dir = File::open(&m.dir).unwrap();
     let id = tally_client::begin(&dir).unwrap();
     assert_ne!(id, 0);
@@ -149,27 +74,19 @@ fn abort_two_files(mutant: Option<FuseMutant>) -> Result<(), String> {
     assert!(state(&m, "gone").is_none());
     tally_client::abort(&dir).unwrap();
     let mut wrong = Vec::new();
-    for (name, want) in [("a", old("old a")), ("b", None), ("gone", old("keep me"))] {
-        let got = state(&m, name);
-        if got != want {
-            wrong.push(format!("at once: {name} is {got:?}, want {want:?}"));
-        }
-    }
+    check_aborted(&m, "at once", &mut wrong);
     drop(dir);
     assert_eq!(m.unmount(), Unmounted::Clean);
-    let m = s.mount(None);
-    for (name, want) in [("a", old("old a")), ("b", None), ("gone", old("keep me"))] {
-        let got = state(&m, name);
-        if got != want {
-            wrong.push(format!("after remount: {name} is {got:?}, want {want:?}"));
-        }
-    }
-    assert_eq!(m.unmount(), Unmounted::Clean);
-    if wrong.is_empty() {
-        Ok(())
-    } else {
-        Err(wrong.join("; "))
-    }
+    let m = s.mount_with(None);
+    check_aborted(&m, "after remount", &mut wrong);
+    finish(m, wrong)
+}
+
+/// The failure a check reported against a mutant (printed); panics when it passed.
+fn caught(check: Result<(), String>) -> String {
+    let e = check.unwrap_err();
+    eprintln!("caught: {e}");
+    e
 }
 
 #[test]
@@ -182,8 +99,7 @@ fn abort_restores_both_files_at_once_and_on_media() {
 #[cfg(feature = "mutants")]
 fn abort_test_catches_a_mount_that_routes_nothing() {
     require_fuse!();
-    let e = abort_two_files(Some(FuseMutant::RouteNothing)).unwrap_err();
-    eprintln!("caught: {e}");
+    let e = caught(abort_two_files(Some(FuseMutant::RouteNothing)));
     assert!(e.contains("after remount"), "{e}");
 }
 
@@ -191,16 +107,15 @@ fn abort_test_catches_a_mount_that_routes_nothing() {
 #[cfg(feature = "mutants")]
 fn abort_test_catches_stale_kernel_caches() {
     require_fuse!();
-    let e = abort_two_files(Some(FuseMutant::NoInvalidation)).unwrap_err();
-    eprintln!("caught: {e}");
+    let e = caught(abort_two_files(Some(FuseMutant::NoInvalidation)));
     assert!(e.contains("at once") && !e.contains("after remount"), "{e}");
 }
 
 #[test]
 fn commit_keeps_both_files_and_closing_the_owner_aborts() {
     require_fuse!();
-    let s = Scratch::new("commit");
-    let m = s.mount(None);
+    let s = Scratch::new("txn-test", "commit");
+    let m = s.mount_with(None);
     let f = File::create(m.path("anchor")).unwrap();
     tally_client::begin(&f).unwrap();
     assert!(tally_client::current(&f).unwrap().is_some());
@@ -219,15 +134,13 @@ fn commit_keeps_both_files_and_closing_the_owner_aborts() {
     tally_client::begin(&f).unwrap();
     fs::write(m.path("x"), "x2 lost").unwrap();
     drop(f);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while tally_client::current(&other).unwrap().is_some() {
-        assert!(Instant::now() < deadline, "closing the owner did not abort");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until("closing the owner aborted", Duration::from_secs(5), || {
+        tally_client::current(&other).unwrap().is_none()
+    });
     assert_eq!(fs::read(m.path("x")).unwrap(), b"x1");
     drop(other);
     assert_eq!(m.unmount(), Unmounted::Clean);
-    let m = s.mount(None);
+    let m = s.mount_with(None);
     assert_eq!(fs::read(m.path("x")).unwrap(), b"x1");
     assert_eq!(fs::read(m.path("y")).unwrap(), b"y1");
     assert_eq!(m.unmount(), Unmounted::Clean);
@@ -243,11 +156,11 @@ fn tree_abort(mutant: Option<FuseMutant>) -> Result<(), String> {
     use std::os::fd::AsRawFd;
     use std::os::unix::process::CommandExt;
 
-    let s = Scratch::new("tree");
-    let m = s.mount(None);
+    let s = Scratch::new("txn-test", "tree");
+    let m = s.mount_with(None);
     fs::write(m.path("held"), "old").unwrap();
     assert_eq!(m.unmount(), Unmounted::Clean);
-    let m = s.mount(mutant);
+    let m = s.mount_with(mutant);
     let dir = File::open(&m.dir).unwrap();
     let fd = dir.as_raw_fd();
     let d = m.dir.display().to_string();
@@ -272,11 +185,7 @@ fn tree_abort(mutant: Option<FuseMutant>) -> Result<(), String> {
         });
     }
     let mut root = root.spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !m.path("child").exists() {
-        assert!(Instant::now() < deadline, "the tree did not start writing");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until("the tree started writing", Duration::from_secs(10), || m.path("child").exists());
     let outside = format!(
         "echo other > {d}/other; if echo x > {d}/held; then echo wrote > {d}/other.res; \
          else echo refused > {d}/other.res; fi"
@@ -312,12 +221,7 @@ fn tree_abort(mutant: Option<FuseMutant>) -> Result<(), String> {
         }
     }
     drop(dir);
-    assert_eq!(m.unmount(), Unmounted::Clean);
-    if wrong.is_empty() {
-        Ok(())
-    } else {
-        Err(wrong.join("; "))
-    }
+    finish(m, wrong)
 }
 
 #[test]
@@ -330,16 +234,15 @@ fn a_tree_transaction_takes_in_late_children_and_leaves_outsiders_alone() {
 #[cfg(feature = "mutants")]
 fn the_tree_test_catches_a_mount_that_routes_nothing() {
     require_fuse!();
-    let e = tree_abort(Some(FuseMutant::RouteNothing)).unwrap_err();
-    eprintln!("caught: {e}");
+    let e = caught(tree_abort(Some(FuseMutant::RouteNothing)));
     assert!(e.contains("late is Some") && e.contains("child is Some"), "{e}");
 }
 
 #[test]
 fn barrier_and_unknown_ioctls() {
     require_fuse!();
-    let s = Scratch::new("barrier");
-    let m = s.mount(None);
+    let s = Scratch::new("txn-test", "barrier");
+    let m = s.mount_with(None);
     let mut f = File::create(m.path("f")).unwrap();
     f.write_all(b"ordered").unwrap();
     tally_client::barrier(&f).unwrap();

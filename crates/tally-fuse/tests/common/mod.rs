@@ -1,0 +1,160 @@
+//! Helpers shared by the adapter's tests through the kernel: FUSE availability, a scratch
+//! image with its mount directory, a mount served on a thread, polling.
+
+// Each test binary compiles this module on its own and uses only some of it.
+#![allow(dead_code)]
+
+use std::fs::{self, File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tally_fs::{Fs, MkfsOptions, MountOptions};
+use tally_fuse::{FuseMutant, MountConfig, Unmounted};
+use tally_media::{Device, FileDevice, FileOptions};
+
+/// Why FUSE cannot be used here, if it cannot.
+pub fn fuse_unavailable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not running as root".into());
+    }
+    if let Err(e) = OpenOptions::new().read(true).write(true).open("/dev/fuse") {
+        return Some(format!("/dev/fuse unusable: {e}"));
+    }
+    None
+}
+
+/// True, after printing why, when a test needing FUSE must skip.
+pub fn skip_without_fuse() -> bool {
+    match fuse_unavailable() {
+        Some(why) => {
+            eprintln!("skipped: {why}");
+            true
+        }
+        None => false,
+    }
+}
+
+/// Return from the calling test, saying why, when FUSE cannot be used here.
+macro_rules! require_fuse {
+    () => {
+        if $crate::common::skip_without_fuse() {
+            return;
+        }
+    };
+}
+pub(crate) use require_fuse;
+
+/// A temporary image and mount directory, removed on drop.
+pub struct Scratch {
+    /// The directory holding `image` and `mnt`.
+    pub root: PathBuf,
+}
+
+impl Scratch {
+    /// A new 256 MiB image under `tally-{file}-{pid}-{tag}-{nanos}`; `file` names the test
+    /// file, so tests in different files never share a directory.
+    pub fn new(file: &str, tag: &str) -> Scratch {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let root =
+            std::env::temp_dir().join(format!("tally-{file}-{}-{tag}-{nanos}", std::process::id()));
+        fs::create_dir_all(root.join("mnt")).unwrap();
+        let image = root.join("image");
+        File::create(&image).unwrap().set_len(256 << 20).unwrap();
+        Fs::mkfs(device(&image), &MkfsOptions::default()).unwrap();
+        Scratch { root }
+    }
+
+    /// The image file.
+    pub fn image(&self) -> PathBuf {
+        self.root.join("image")
+    }
+
+    /// The mount directory.
+    pub fn dir(&self) -> PathBuf {
+        self.root.join("mnt")
+    }
+
+    /// Mount the image through the kernel, 4 threads, open to other users (`allow_other`).
+    pub fn mount(&self) -> Served {
+        self.serve(&MountConfig { allow_other: true, threads: 4, ..MountConfig::default() })
+    }
+
+    /// Mount the image through the kernel, 4 threads, with the adapter mutant `mutant` if any.
+    pub fn mount_with(&self, mutant: Option<FuseMutant>) -> Served {
+        self.serve(&MountConfig { threads: 4, mutant, ..MountConfig::default() })
+    }
+
+    /// Mount the image through the kernel with `cfg`, served on a thread.
+    fn serve(&self, cfg: &MountConfig) -> Served {
+        let fs = Fs::mount(device(&self.image()), MountOptions::default()).unwrap();
+        let mounted = tally_fuse::mount(fs, &self.dir(), cfg).unwrap();
+        let thread = std::thread::spawn(move || mounted.run().unwrap());
+        Served { dir: self.dir(), thread: Some(thread) }
+    }
+
+    /// Mount the image without FUSE, to look at it directly.
+    pub fn open_fs(&self) -> Fs {
+        Fs::mount(device(&self.image()), MountOptions::default()).unwrap()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = tally_fuse::unmount_dir(&self.dir(), true);
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+/// The image file at `path` as a device.
+fn device(path: &Path) -> Arc<dyn Device> {
+    Arc::new(FileDevice::open(path, FileOptions::default()).unwrap())
+}
+
+/// A mount being served on a thread.
+pub struct Served {
+    /// The mount directory.
+    pub dir: PathBuf,
+    thread: Option<JoinHandle<Unmounted>>,
+}
+
+impl Served {
+    /// `name` inside the mount.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Unmount through the kernel and wait for the session to write its snapshot.
+    pub fn unmount(mut self) -> Unmounted {
+        let mut tries = 0;
+        while let Err(e) = tally_fuse::unmount_dir(&self.dir, false) {
+            // A release of a just-closed file may still be in flight: EBUSY for a moment.
+            tries += 1;
+            assert!(tries < 100, "unmount of {} failed: {e}", self.dir.display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            let _ = tally_fuse::unmount_dir(&self.dir, true);
+        }
+    }
+}
+
+/// Poll `cond` every 10 ms until it holds; fail after `within`.
+pub fn wait_until(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
