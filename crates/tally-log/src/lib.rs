@@ -63,5 +63,6 @@ pub use engine::{
 };
 pub use error::{LogError, Result};
 pub use format::body::TxId;
+pub use format::superblock::probe_block_size;
 pub use mutant::{available as mutants_available, Mutant};
 pub use recover::{RecoveredTx, Recovery, StreamRecovery};

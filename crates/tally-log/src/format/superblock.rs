@@ -6,10 +6,14 @@
 //!   so a torn update leaves the other copy intact;
 //! - the valid copy with the highest generation is the superblock.
 
+use std::io::{ErrorKind, Read, Seek, SeekFrom};
+
+use tally_media::MediaError;
+
 use super::codec::{Reader, Writer};
 use super::{crc_seeded, FORMAT_VERSION};
 use crate::error::corrupted;
-use crate::Result;
+use crate::{LogError, Result};
 
 /// Magic bytes at offset 0.
 pub const SB_MAGIC: [u8; 8] = *b"TALLYSB1";
@@ -261,6 +265,81 @@ impl Superblock {
     }
 }
 
+/// Smallest block size [`probe_block_size`] accepts.
+pub const PROBE_BLOCK_SIZE_MIN: u32 = 512;
+/// Largest block size [`probe_block_size`] accepts.
+pub const PROBE_BLOCK_SIZE_MAX: u32 = 1 << 20;
+
+/// The block size an image was formatted with, read from its superblock before the device is
+/// opened (the device's geometry must match it, and nothing else says what it is).
+///
+/// Tries, in order: the copy at offset 0, decoded whole (crc included); the second copy, which
+/// sits at offset `block_size`, so each power of two in range is tried as both its offset and
+/// its recorded size; then, if neither decodes, the size recorded by a copy with the right magic
+/// (so that opening with it reports that copy's damage). [`crate::Log::open`] still decodes and
+/// checks everything; this only picks the geometry.
+///
+/// # Errors
+/// [`LogError::NotFormatted`] if neither copy has a plausible header; [`LogError::Media`] if a
+/// read fails (reading past the end is not a failure: a short image simply has no copy there).
+pub fn probe_block_size<R: Read + Seek>(reader: &mut R) -> Result<u32> {
+    let plausible = |bs: u32| {
+        bs.is_power_of_two() && (PROBE_BLOCK_SIZE_MIN..=PROBE_BLOCK_SIZE_MAX).contains(&bs)
+    };
+    let mut recorded = None;
+    // The copy at block 0.
+    if let Some(bs) = header_block_size(reader, 0)?.filter(|&bs| plausible(bs)) {
+        if decodes(reader, 0, bs)? {
+            return Ok(bs);
+        }
+        recorded = Some(bs);
+    }
+    // The copy at block 1: its offset is the block size it must record.
+    let mut bs = PROBE_BLOCK_SIZE_MIN;
+    while bs <= PROBE_BLOCK_SIZE_MAX {
+        if header_block_size(reader, u64::from(bs))? == Some(bs) {
+            if decodes(reader, 1, bs)? {
+                return Ok(bs);
+            }
+            recorded = recorded.or(Some(bs));
+        }
+        bs <<= 1;
+    }
+    recorded.ok_or_else(|| LogError::NotFormatted {
+        reason: "no superblock magic at block 0 or block 1 for any block size".into(),
+    })
+}
+
+/// The block size recorded by a header with the superblock magic at `offset`, if there is one.
+fn header_block_size<R: Read + Seek>(reader: &mut R, offset: u64) -> Result<Option<u32>> {
+    let mut head = [0u8; off::BLOCK_SIZE + 4];
+    if !read_at(reader, offset, &mut head)? {
+        return Ok(None);
+    }
+    let r = Reader::new(&head);
+    if r.array::<8>(off::MAGIC) != Some(SB_MAGIC) {
+        return Ok(None);
+    }
+    Ok(r.u32(off::BLOCK_SIZE))
+}
+
+/// Whether the copy in block `block` of a `bs`-byte geometry decodes.
+fn decodes<R: Read + Seek>(reader: &mut R, block: u64, bs: u32) -> Result<bool> {
+    let mut buf = vec![0u8; bs as usize];
+    Ok(read_at(reader, block * u64::from(bs), &mut buf)? && Superblock::decode(&buf, block).is_ok())
+}
+
+/// Fill `buf` from `offset`; `false` if the reader ends first.
+fn read_at<R: Read + Seek>(reader: &mut R, offset: u64, buf: &mut [u8]) -> Result<bool> {
+    let io = |source| LogError::Media(MediaError::Io { op: "read", source });
+    reader.seek(SeekFrom::Start(offset)).map_err(io)?;
+    match reader.read_exact(buf) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(io(e)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,5 +386,64 @@ mod tests {
         }
         assert!(Superblock::decode(&bytes[..100], 0).is_err());
         assert!(Superblock::decode(&[], 0).is_err());
+    }
+
+    /// Both copies of `sample()` formatted with `bs`-byte blocks, as an image.
+    fn image(bs: u32) -> Vec<u8> {
+        let sb = Superblock { block_size: bs, ..sample() };
+        let mut bytes = sb.encode();
+        bytes.extend(Superblock { generation: 8, ..sb }.encode());
+        bytes.resize(bytes.len() + 2 * bs as usize, 0);
+        bytes
+    }
+
+    fn probe(bytes: &[u8]) -> Result<u32> {
+        probe_block_size(&mut std::io::Cursor::new(bytes))
+    }
+
+    #[test]
+    fn probe_reads_the_block_size() {
+        for bs in [4096, 16384, 65536] {
+            assert_eq!(probe(&image(bs)).unwrap(), bs);
+        }
+    }
+
+    #[test]
+    fn probe_falls_back_to_the_second_copy() {
+        let bs = 16384;
+        // First copy zeroed, as a torn or wiped write leaves it.
+        let mut bytes = image(bs);
+        bytes[..bs as usize].fill(0);
+        assert_eq!(probe(&bytes).unwrap(), bs);
+        // First copy claims another block size but fails its crc: the second copy decides.
+        let mut bytes = image(bs);
+        bytes[off::BLOCK_SIZE..off::BLOCK_SIZE + 4].copy_from_slice(&4096u32.to_le_bytes());
+        assert_eq!(probe(&bytes).unwrap(), bs);
+        // Both damaged past their header: the recorded size, so open reports the damage.
+        let mut bytes = image(bs);
+        bytes[off::GENERATION] ^= 1;
+        bytes[bs as usize + off::GENERATION] ^= 1;
+        assert_eq!(probe(&bytes).unwrap(), bs);
+    }
+
+    #[test]
+    fn probe_refuses_garbage_without_panicking() {
+        let not_formatted =
+            |bytes: &[u8]| matches!(probe(bytes), Err(LogError::NotFormatted { .. }));
+        assert!(not_formatted(&[]));
+        assert!(not_formatted(b"TALLYSB1"));
+        assert!(not_formatted(&vec![0u8; 1 << 21]));
+        let mut rng = fastrand::Rng::with_seed(5);
+        for len in [0usize, 7, 100, 4096, 70_000, 1 << 20] {
+            let bytes: Vec<u8> = std::iter::repeat_with(|| rng.u8(..)).take(len).collect();
+            assert!(not_formatted(&bytes), "random bytes of length {len}");
+        }
+        // The magic with an implausible block size (not a power of two, too small, too large).
+        for bs in [3000u32, 256, 2 << 20, u32::MAX, 0] {
+            let mut bytes = vec![0u8; 1 << 16];
+            bytes[..8].copy_from_slice(&SB_MAGIC);
+            bytes[off::BLOCK_SIZE..off::BLOCK_SIZE + 4].copy_from_slice(&bs.to_le_bytes());
+            assert!(not_formatted(&bytes), "block size {bs} accepted");
+        }
     }
 }
