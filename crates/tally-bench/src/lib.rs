@@ -9,7 +9,9 @@
 //! - [`fs_peers`]: the file system against ext4 and SQLite on same-size block devices, its mount
 //!   of 100,000 files, and the write amplification of its cleaning;
 //! - [`peer`], [`varmail`], [`append`], [`multicommit`]: one timed window of a workload that
-//!   `bench/run.sh` runs side by side with ext4, SQLite, RocksDB, LMDB and a FUSE pass-through.
+//!   `bench/run.sh` runs side by side with ext4, SQLite, RocksDB, LMDB and a FUSE pass-through;
+//! - [`append_crash`]: what of an ordered append stream survives a simulated crash, with a
+//!   barrier, an fsync or neither after each append.
 //!
 //! Rules every benchmark here keeps (STYLE.md rule 13, DESIGN.md §5):
 //! - results are ratios measured in one run, each with the machine and the device's flush
@@ -21,6 +23,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod append;
+pub mod append_crash;
 mod error;
 pub mod fs;
 pub mod fs_peers;
