@@ -58,6 +58,20 @@ impl OverlayDevice {
     /// [`MediaError::Open`] if the path cannot be opened or is neither a file nor a block
     /// device; [`MediaError::TooSmall`] if it holds less than one block.
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_read_only_with_block_size(path, None)
+    }
+
+    /// As [`Self::open_read_only`], with blocks of `block_size` bytes (`None`: the default), as
+    /// [`crate::FileOptions::block_size`] gives them: an image made with another block size is
+    /// only readable in its own.
+    ///
+    /// # Errors
+    /// As [`Self::open_read_only`]; [`MediaError::InvalidGeometry`] if `block_size` is not a
+    /// power of two or is smaller than the device's logical block size.
+    pub fn open_read_only_with_block_size(
+        path: impl AsRef<Path>,
+        block_size: Option<u32>,
+    ) -> Result<Self> {
         let path = path.as_ref();
         let open_error = |source| MediaError::Open { path: path.to_path_buf(), source };
         let file = File::open(path).map_err(open_error)?;
@@ -73,7 +87,18 @@ impl OverlayDevice {
             );
             return Err(open_error(source));
         };
-        let block_size = BLOCK_SIZE_DEFAULT.max(logical_block_size);
+        let block_size = match block_size {
+            None => BLOCK_SIZE_DEFAULT.max(logical_block_size),
+            Some(bs) if bs.is_power_of_two() && bs >= logical_block_size => bs,
+            Some(bs) => {
+                return Err(MediaError::InvalidGeometry {
+                    reason: format!(
+                        "block size {bs} is not a power of two of at least the device's logical \
+                         block size {logical_block_size}"
+                    ),
+                })
+            }
+        };
         let block_count = size_bytes / u64::from(block_size);
         if block_count == 0 {
             return Err(MediaError::TooSmall { size_bytes, block_size });

@@ -132,10 +132,12 @@ pub fn open_image(path: &Path, command: &str, refuse_in_use: bool) -> Result<Ope
         }
         eprintln!("tally {command}: warning: {text}; what follows is the image as last written");
     }
-    let dev = OverlayDevice::open_read_only(path).map_err(|e| match e {
-        MediaError::TooSmall { .. } => unusable(format!("{shown} is truncated: {e}")),
-        e => unusable(format!("{shown}: {e}")),
-    })?;
+    let block_size = crate::image::block_size_of(path).map_err(unusable)?;
+    let dev =
+        OverlayDevice::open_read_only_with_block_size(path, block_size).map_err(|e| match e {
+            MediaError::TooSmall { .. } => unusable(format!("{shown} is truncated: {e}")),
+            e => unusable(format!("{shown}: {e}")),
+        })?;
     let dev: Arc<dyn Device> = Arc::new(dev);
     let copies = read_copies(&*dev).map_err(|e| unusable(format!("cannot read {shown}: {e}")))?;
     let best = copies.iter().filter_map(|(_, sb)| sb.as_ref()).max_by_key(|sb| sb.generation);

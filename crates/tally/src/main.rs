@@ -7,6 +7,7 @@ mod bench;
 mod crash;
 mod crash_fs;
 mod fsck;
+mod image;
 mod inspect;
 mod mkfs;
 mod mount;

@@ -1,4 +1,5 @@
-//! `tally mkfs IMAGE --size SIZE`: make an empty Tally file system on a file or block device.
+//! `tally mkfs IMAGE --size SIZE [--streams N] [--block-size B]`: make an empty Tally file
+//! system on a file or block device.
 //!
 //! It never destroys data silently: a file or device that already holds a Tally image,
 //! another recognisable file system, or any non-zero byte where it looks is refused without
@@ -27,8 +28,9 @@ pub const EXIT_REFUSED: u8 = 3;
 Examples:
   tally mkfs /var/tmp/tally.img --size 4G     a new sparse 4 GiB image file
   tally mkfs /dev/nvme1n1 --force             the whole device, whatever it held
+  tally mkfs big.img --size 64G --block-size 64K   for large sequential writes
 
-The image is a log of segments (4 MiB each) shared by the streams; one operation or explicit \
+The image is a log of segments (4 MiB each, whatever the block size) shared by the streams; one operation or explicit \
 transaction must fit in half a segment. The root directory belongs to whoever runs mkfs (mode \
 0755). `tally mount IMAGE DIR` serves it.
 
@@ -46,6 +48,12 @@ pub struct Args {
     #[arg(long, default_value_t = MkfsOptions::default().streams,
           value_parser = clap::value_parser!(u16).range(1..=256))]
     streams: u16,
+    /// Block size: a power of two from 4K to 64K, at least the device's logical block size
+    /// [default: 4K, or the logical block size if larger]. Bigger blocks split a large write
+    /// into fewer units; every commit still writes whole blocks, so small commits (an fsync
+    /// after a small change) write more bytes.
+    #[arg(long, value_name = "B", value_parser = parse_block_size)]
+    block_size: Option<u32>,
     /// Overwrite whatever the target holds (a Tally image, another file system, data).
     #[arg(long)]
     force: bool,
@@ -54,6 +62,24 @@ pub struct Args {
 fn parse_size(text: &str) -> Result<u64, String> {
     parse_size_like(text, "4G")
 }
+
+/// Smallest and largest `--block-size`: 4 KiB is the page and the common device block; past
+/// 64 KiB a one-byte commit would write more than a whole FUSE write request carries.
+const BLOCK_SIZE_RANGE: std::ops::RangeInclusive<u64> = 4096..=65536;
+
+fn parse_block_size(text: &str) -> Result<u32, String> {
+    let bytes = parse_size_like(text, "16K")?;
+    if !bytes.is_power_of_two() || !BLOCK_SIZE_RANGE.contains(&bytes) {
+        return Err(format!(
+            "block size {bytes} must be 4K, 8K, 16K, 32K or 64K (a power of two from 4 to 64 KiB)"
+        ));
+    }
+    u32::try_from(bytes).map_err(|_| format!("block size {bytes} is too large"))
+}
+
+/// Bytes per log segment, kept whatever the block size so that the largest transaction (half a
+/// segment) and the number of segments of an image do not depend on it.
+const SEGMENT_BYTES: u32 = 4 << 20;
 
 /// Why mkfs stopped.
 enum Stop {
@@ -140,10 +166,20 @@ fn make_on(args: &Args) -> Result<String, Stop> {
             return Err(Stop::BadInput(format!("{shown} is not a regular file or a block device")))
         }
     }
-    let dev = FileDevice::open(path, FileOptions::default())
-        .map_err(|e| Stop::Io(format!("cannot open {shown}: {e}")))?;
+    let options = FileOptions { block_size: args.block_size, ..FileOptions::default() };
+    let dev = FileDevice::open(path, options).map_err(|e| match e {
+        // A block smaller than (or not a multiple of) the device's logical block.
+        tally_media::MediaError::InvalidGeometry { .. } => {
+            Stop::BadInput(format!("block size on {shown}: {e}"))
+        }
+        e => Stop::Io(format!("cannot open {shown}: {e}")),
+    })?;
     let geometry = dev.geometry();
-    let opts = MkfsOptions { streams: args.streams, ..MkfsOptions::default() };
+    let opts = MkfsOptions {
+        streams: args.streams,
+        segment_blocks: SEGMENT_BYTES / geometry.block_size,
+        ..MkfsOptions::default()
+    };
     let dev: Arc<dyn Device> = Arc::new(dev);
     Fs::mkfs(dev.clone(), &opts).map_err(|e| match e {
         tally_fs::FsError::Io(_) | tally_fs::FsError::ReadOnly(_) => {
@@ -228,8 +264,9 @@ fn refuse_unless_forced(path: &Path, force: bool) -> Result<(), Stop> {
 /// What the first bytes of a target say it is, if anything known.
 fn recognise(head: &[u8]) -> Option<&'static str> {
     let at = |offset: usize, magic: &[u8]| head.get(offset..offset + magic.len()) == Some(magic);
-    // The log's superblock, in either of its two copies (blocks 0 and 1).
-    if at(0, b"TALLYSB1") || at(4096, b"TALLYSB1") {
+    // The log's superblock, in either of its two copies (blocks 0 and 1, whatever the size).
+    let probed = tally_log::probe_block_size(&mut io::Cursor::new(head)).is_ok();
+    if at(0, b"TALLYSB1") || at(4096, b"TALLYSB1") || probed {
         return Some("a Tally file system");
     }
     if at(1080, &0xEF53u16.to_le_bytes()) {

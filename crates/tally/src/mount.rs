@@ -330,7 +330,11 @@ fn serve(image: &Path, dir: &Path, cfg: MountConfig, notify: Notify) -> ExitCode
         }
         Err(stop) => return notify.failed(&stop),
     };
-    let dev = match FileDevice::open(image, FileOptions::default()) {
+    let block_size = match crate::image::block_size_of(image) {
+        Ok(bs) => bs,
+        Err(text) => return notify.failed(&io_failure(text)),
+    };
+    let dev = match FileDevice::open(image, FileOptions { block_size, ..FileOptions::default() }) {
         Ok(dev) => dev,
         Err(e) => {
             return notify.failed(&io_failure(format!("cannot open {}: {e}", image.display())))
