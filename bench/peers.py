@@ -23,6 +23,9 @@ QUICK = "--quick" in sys.argv[5:]
 RUNS = 3
 SECS = 2 if QUICK else 5
 SIZE = "2G"
+# Seed of `tally bench peer append-crash` (payload, crash points, crash images): fixed, so a
+# rerun checks the same images.
+CRASH_SEED = 1
 
 results = {"quick": QUICK, "runs": RUNS, "seconds": SECS, "image_size": SIZE, "windows": [],
            "systems": {}, "failures": [], "tx": {}, "mount": [], "recovery": []}
@@ -410,6 +413,25 @@ def tx_sweeps():
         attempt(f"tx {name}", one)
 
 
+def append_crash():
+    """What of the ordered append stream survives a crash (workload 6's other half): the Tally
+    library on the crash simulator, no device; seconds of CPU. Written beside results.json as
+    append-crash.json, which peers_report.py reads when present. Exit 6 = a barrier or fsync
+    guarantee broke: the report is kept and the failure recorded."""
+    progress("what an ordered append stream keeps across a simulated crash (simulator)")
+    path = os.path.join(os.path.dirname(OUT), "append-crash.json")
+    if os.path.exists(path):
+        os.remove(path)  # never report an earlier run's file as this run's
+    r = sh(TALLY, "bench", "peer", "append-crash", "--seed", str(CRASH_SEED), "--json",
+           check=False, timeout=900)
+    if r.returncode not in (0, 6):
+        raise RuntimeError(f"append-crash exited {r.returncode}: {r.stderr.strip()[-500:]}")
+    with open(path, "w") as f:
+        f.write(r.stdout)
+    if r.returncode == 6:
+        raise RuntimeError(f"append-crash: a barrier or fsync guarantee broke (seed {CRASH_SEED})")
+
+
 def main():
     global plan_total
     fuse_systems = ["tally-fuse", "ext4-ordered", "ext4-journal", "ext4-nj", "bindfs"]
@@ -423,7 +445,7 @@ def main():
     plan_total = RUNS * (len(fuse_systems) * (len(fio_cfgs) + 2)
                          + 4 * len(db_threads) + 3 * len(ns)
                          + len(ns) * len(commit_peers) + len(append_systems))
-    plan_total += 1 + (0 if QUICK else 4) + 1 + (1 if QUICK else 3)
+    plan_total += 1 + (0 if QUICK else 4) + 1 + (1 if QUICK else 3) + 1
     setup()
     # Phase A: everything mounted, Tally through FUSE.
     for run in range(RUNS):
@@ -466,6 +488,7 @@ def main():
             progress(f"run {run+1}/{RUNS} ordered append stream on {s}")
             attempt(f"append {s} run {run}", lambda: append_window(s, run))
     tx_sweeps()
+    attempt("append-crash", append_crash)
     results["duration_s"] = time.time() - started
     save()
     log(f"done in {results['duration_s']/60:.1f} min; {len(results['failures'])} failed windows")

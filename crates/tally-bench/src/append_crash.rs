@@ -249,6 +249,8 @@ pub struct AppendCrashReport {
     pub steps: u32,
     /// Bytes per data record (the index record is 16 bytes).
     pub record_bytes: usize,
+    /// Crash points kept per variant.
+    pub points_max: usize,
     /// Crash images drawn per kept point.
     pub images_per_point: usize,
     /// Whether writes could tear.
@@ -295,6 +297,7 @@ pub fn run(o: &AppendCrashOptions) -> Result<AppendCrashReport, BenchError> {
         seed: o.seed,
         steps: o.steps,
         record_bytes: o.record_bytes,
+        points_max: o.points_max,
         images_per_point: o.images_per_point,
         tearing: o.tearing,
         device: format!(
