@@ -324,6 +324,21 @@ mod tests {
         head[..4].copy_from_slice(b"XFSB");
         assert_eq!(recognise(&head), Some("an XFS file system"));
         assert_eq!(recognise(b"short"), None);
+        // Only the second copy of a 16 KiB image left: at 16 KiB, recording 16 KiB.
+        let mut head = vec![0u8; HEAD_BYTES];
+        head[16384..16392].copy_from_slice(b"TALLYSB1");
+        head[16384 + 12..16384 + 16].copy_from_slice(&16384u32.to_le_bytes());
+        assert_eq!(recognise(&head), Some("a Tally file system"));
+    }
+
+    #[test]
+    fn block_sizes() {
+        assert_eq!(parse_block_size("16K"), Ok(16384));
+        assert_eq!(parse_block_size("4096"), Ok(4096));
+        assert_eq!(parse_block_size("64k"), Ok(65536));
+        for bad in ["3000", "2K", "128K", "0", "1M", "", "K"] {
+            assert!(parse_block_size(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]
