@@ -101,7 +101,7 @@ pub struct AppendCrashArgs {
     /// Steps of the stream (each appends one data record and one 16-byte index record).
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     steps: u32,
-    /// Bytes per data record.
+    /// Bytes per data record (at most 64 KiB: one transaction).
     #[arg(long, default_value_t = 4096)]
     block: usize,
     /// Crash points checked per variant (a seeded uniform sample of all of them).
