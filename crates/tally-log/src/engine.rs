@@ -18,9 +18,6 @@ use crate::space::Space;
 use crate::{LogError, Mutant, Result};
 
 /// How a transaction is committed. The same engine serves all four, so they compare honestly.
-/// Blocks of ordered commits a stream keeps pending before submitting them as one write.
-const ORDERED_BATCH_BLOCKS: usize = 64;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CommitMode {
@@ -548,15 +545,8 @@ impl Log {
             return Ok(info);
         }
         st.pending.push((start, buf, seq));
-        let pending_bytes: usize = st.pending.iter().map(|p| p.1.len()).sum();
         drop(st);
-        // An ordered commit promises nothing until a flush, and every flush round submits what
-        // is pending first (`wait_submitted`), as does every reader of the log (they wait for
-        // durability). So small ordered commits wait here until enough is pending for one
-        // device write: a stream of 8 KiB writes through FUSE took one device I/O each.
-        if mode != CommitMode::Ordered || pending_bytes >= ORDERED_BATCH_BLOCKS * bs {
-            self.drive(s)?;
-        }
+        self.drive(s)?;
         match mode {
             CommitMode::Ordered | CommitMode::Orderless => {}
             CommitMode::Count => self.wait_durable(ticket)?,
