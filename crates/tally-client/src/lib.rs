@@ -66,6 +66,8 @@ pub mod ioctl {
     /// `_IOR(MAGIC, 7, uint64_t)`: the id of the transaction the caller's changes go into, 0
     /// when none.
     pub const CURRENT: u32 = encode(READ, 7, 8);
+    /// Every request number, in the order of their numbers (and of `include/tally.h`).
+    pub const ALL: [u32; 7] = [BEGIN, BEGIN_TREE, COMMIT, COMMIT_DURABLE, ABORT, BARRIER, CURRENT];
 }
 
 /// Why a call failed.
@@ -200,15 +202,7 @@ mod tests {
 
     #[test]
     fn numbers_are_distinct_and_carry_the_magic() {
-        let all = [
-            ioctl::BEGIN,
-            ioctl::BEGIN_TREE,
-            ioctl::COMMIT,
-            ioctl::COMMIT_DURABLE,
-            ioctl::ABORT,
-            ioctl::BARRIER,
-            ioctl::CURRENT,
-        ];
+        let all = ioctl::ALL;
         for (i, a) in all.iter().enumerate() {
             assert_eq!((a >> 8) & 0xff, u32::from(ioctl::MAGIC));
             assert!(all[i + 1..].iter().all(|b| b != a));
