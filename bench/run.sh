@@ -66,16 +66,8 @@ git diff --quiet HEAD -- crates bench || BUILT_FROM="$BUILT_FROM + uncommitted c
 
 WORK=$(mktemp -d "$BENCH_DIR/tally-peers.XXXXXX")
 # Second line of defence: peers.py undoes its own mounts and loops; this catches a SIGKILL.
-cleanup() {
-  for m in $(awk -v w="$WORK" 'index($2, w) == 1 {print $2}' /proc/mounts | sort -r); do
-    umount -l "$m" 2>/dev/null || true
-  done
-  for l in $(losetup -nO NAME,BACK-FILE | awk -v w="$WORK" 'index($2, w) == 1 {print $1}'); do
-    losetup -d "$l" 2>/dev/null || true
-  done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+. "$ROOT/bench/lib.sh"
+trap cleanup_work EXIT
 gcc -O2 -Wall -o "$WORK/lmdb_commit" bench/lmdb_commit.c -llmdb
 
 # BENCH_OUT: where the report goes (default docs/bench; a smoke check may write elsewhere).

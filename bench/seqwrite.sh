@@ -24,16 +24,8 @@ BIG=${BIG:-1}
 if [ $# -eq 0 ]; then set -- "$ROOT/target/release/tally"; fi
 
 WORK=$(mktemp -d "$BENCH_DIR/tally-seqwrite.XXXXXX")
-cleanup() {
-  for m in $(awk -v w="$WORK" 'index($2, w) == 1 {print $2}' /proc/mounts | sort -r); do
-    umount -l "$m" 2>/dev/null || true
-  done
-  for l in $(losetup -nO NAME,BACK-FILE | awk -v w="$WORK" 'index($2, w) == 1 {print $1}'); do
-    losetup -d "$l" 2>/dev/null || true
-  done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+. "$ROOT/bench/lib.sh"
+trap cleanup_work EXIT
 OUT=${RESULTS:-$WORK/results.tsv}
 : >"$OUT"
 
