@@ -25,14 +25,15 @@ use std::time::{Duration, SystemTime};
 use fuser::{
     Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use tally_client::ioctl;
 use tally_fs::{Attr, FallocFlags, Fs, FsError, Maintenance, Owner, SetAttr, Txn, XattrSet};
 
 use crate::attr::{file_attr, file_type, mknod_kind, perm, set_time, timespec};
 use crate::errno::{errno, Failure};
+use crate::requests::{Opcode, RequestCounts};
 use crate::txns::{End, Txns};
 
 /// How the last unmount of the file system went.
@@ -70,6 +71,8 @@ pub struct TallyFuse {
     txns: Txns,
     /// The next file handle (0 is never handed out).
     next_fh: AtomicU64,
+    /// Requests received, by opcode.
+    requests: Arc<RequestCounts>,
 }
 
 impl TallyFuse {
@@ -82,6 +85,7 @@ impl TallyFuse {
         txn_wait: Duration,
         txns: Txns,
         outcome: OutcomeSlot,
+        requests: Arc<RequestCounts>,
     ) -> TallyFuse {
         // A request waiting for a transaction holds one of a few request threads; unbounded,
         // enough of them would leave none for the transaction's own requests, and its commit.
@@ -96,6 +100,7 @@ impl TallyFuse {
             outcome,
             txns,
             next_fh: AtomicU64::new(1),
+            requests,
         }
     }
 
@@ -250,6 +255,7 @@ impl Filesystem for TallyFuse {
     }
 
     fn destroy(&mut self) {
+        tracing::info!("FUSE requests since mount: {}", self.requests.snapshot());
         let outcome = self.unmount();
         match &outcome {
             Unmounted::Clean => tracing::info!("unmounted cleanly, snapshot written"),
@@ -260,11 +266,18 @@ impl Filesystem for TallyFuse {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+        self.requests.count(Opcode::Lookup);
         let r = self.call("lookup", |fs| Ok(Self::attr_of(fs, &fs.lookup(parent.0, name(n))?)));
         self.reply_entry(reply, r);
     }
 
+    fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {
+        // The file system keeps no lookup counts: inode numbers stay valid while it lives.
+        self.requests.count(Opcode::Forget);
+    }
+
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.requests.count(Opcode::Getattr);
         match self.call("getattr", |fs| Ok(Self::attr_of(fs, &fs.getattr(ino.0)?))) {
             Ok(attr) => reply.attr(&self.ttl, &attr),
             Err(e) => reply.error(e),
@@ -289,6 +302,7 @@ impl Filesystem for TallyFuse {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        self.requests.count(Opcode::Setattr);
         let set = SetAttr {
             perm: mode.map(perm),
             uid,
@@ -308,6 +322,7 @@ impl Filesystem for TallyFuse {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.requests.count(Opcode::Readlink);
         match self.call("readlink", |fs| Ok(fs.readlink(ino.0)?)) {
             Ok(target) => reply.data(&target),
             Err(e) => reply.error(e),
@@ -324,6 +339,7 @@ impl Filesystem for TallyFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        self.requests.count(Opcode::Mknod);
         let r = self.change(req, "mknod", &[], &[(parent.0, n)], |fs, tx| {
             let kind = mknod_kind(mode)
                 .ok_or(FsError::Invalid("mknod makes files, fifos, sockets and device nodes"))?;
@@ -343,6 +359,7 @@ impl Filesystem for TallyFuse {
         _umask: u32,
         reply: ReplyEntry,
     ) {
+        self.requests.count(Opcode::Mkdir);
         let r = self.change(req, "mkdir", &[], &[(parent.0, n)], |fs, tx| {
             Ok(Self::attr_of(fs, &fs.mkdir(tx, parent.0, name(n), perm(mode), owner(req))?))
         });
@@ -350,6 +367,7 @@ impl Filesystem for TallyFuse {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        self.requests.count(Opcode::Unlink);
         let inodes = self.child_of(parent, n);
         let r = self.change(req, "unlink", &inodes, &[(parent.0, n)], |fs, tx| {
             Ok(fs.unlink(tx, parent.0, name(n))?)
@@ -358,6 +376,7 @@ impl Filesystem for TallyFuse {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        self.requests.count(Opcode::Rmdir);
         let inodes = self.child_of(parent, n);
         let r = self.change(req, "rmdir", &inodes, &[(parent.0, n)], |fs, tx| {
             Ok(fs.rmdir(tx, parent.0, name(n))?)
@@ -373,6 +392,7 @@ impl Filesystem for TallyFuse {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        self.requests.count(Opcode::Symlink);
         let r = self.change(req, "symlink", &[], &[(parent.0, link_name)], |fs, tx| {
             let target = target.as_os_str().as_bytes();
             Ok(Self::attr_of(fs, &fs.symlink(tx, parent.0, name(link_name), target, owner(req))?))
@@ -390,6 +410,7 @@ impl Filesystem for TallyFuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(Opcode::Rename);
         let mut inodes = self.child_of(parent, n);
         inodes.extend(self.child_of(newparent, newname));
         let entries = [(parent.0, n), (newparent.0, newname)];
@@ -418,6 +439,7 @@ impl Filesystem for TallyFuse {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        self.requests.count(Opcode::Link);
         let r = self.change(req, "link", &[ino.0], &[(newparent.0, newname)], |fs, tx| {
             Ok(Self::attr_of(fs, &fs.link(tx, ino.0, newparent.0, name(newname))?))
         });
@@ -425,6 +447,7 @@ impl Filesystem for TallyFuse {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.requests.count(Opcode::Open);
         match self.call("open", |fs| Ok(fs.open(ino.0)?)) {
             Ok(()) => reply.opened(self.fh(), FopenFlags::empty()),
             Err(e) => reply.error(e),
@@ -442,6 +465,7 @@ impl Filesystem for TallyFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.requests.count(Opcode::Read);
         let len = usize::try_from(size).unwrap_or(usize::MAX);
         match self.call("read", |fs| Ok(fs.read(ino.0, offset, len)?)) {
             Ok(data) => reply.data(&data),
@@ -461,6 +485,7 @@ impl Filesystem for TallyFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        self.requests.count(Opcode::Write);
         match self
             .change(req, "write", &[ino.0], &[], |fs, tx| Ok(fs.write(tx, ino.0, offset, data)?))
         {
@@ -478,6 +503,7 @@ impl Filesystem for TallyFuse {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(Opcode::Flush);
         // Nothing is buffered here: every write is already a committed transaction. close()
         // does not make data durable on Tally, as on ext4; fsync does.
         reply.ok();
@@ -493,6 +519,7 @@ impl Filesystem for TallyFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(Opcode::Release);
         self.abort_owned(fh);
         Self::reply_empty(reply, self.call("release", |fs| Ok(fs.release(ino.0)?)));
     }
@@ -505,6 +532,7 @@ impl Filesystem for TallyFuse {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(Opcode::Fsync);
         let r = self.call("fsync", |fs| {
             if datasync { fs.fdatasync(ino.0) } else { fs.fsync(ino.0) }.map_err(Into::into)
         });
@@ -512,6 +540,7 @@ impl Filesystem for TallyFuse {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.requests.count(Opcode::Opendir);
         match self.call("opendir", |fs| Ok(fs.open(ino.0)?)) {
             Ok(()) => reply.opened(self.fh(), FopenFlags::empty()),
             Err(e) => reply.error(e),
@@ -526,6 +555,7 @@ impl Filesystem for TallyFuse {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        self.requests.count(Opcode::Readdir);
         // The library's offsets are the cookies: 1 is ".", 2 is "..", entries from 3 on, stable
         // across other entries coming and going.
         match self.call("readdir", |fs| Ok(fs.readdir(ino.0, offset)?)) {
@@ -555,6 +585,7 @@ impl Filesystem for TallyFuse {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(Opcode::Releasedir);
         self.abort_owned(fh);
         Self::reply_empty(reply, self.call("releasedir", |fs| Ok(fs.release(ino.0)?)));
     }
@@ -567,10 +598,12 @@ impl Filesystem for TallyFuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(Opcode::Fsyncdir);
         Self::reply_empty(reply, self.call("fsyncdir", |fs| Ok(fs.fsync(ino.0)?)));
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.requests.count(Opcode::Statfs);
         match self.call("statfs", |fs| Ok(fs.statfs())) {
             Ok(s) => {
                 let files = s.files.saturating_add(s.files_free);
@@ -599,6 +632,7 @@ impl Filesystem for TallyFuse {
         position: u32,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(Opcode::Setxattr);
         let r = self.change(req, "setxattr", &[ino.0], &[], |fs, tx| {
             if position != 0 {
                 return Err(FsError::Invalid("xattr position (macOS resource forks)").into());
@@ -615,6 +649,7 @@ impl Filesystem for TallyFuse {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+        self.requests.count(Opcode::Getxattr);
         match self.call("getxattr", |fs| Ok(fs.getxattr(ino.0, name(n))?)) {
             Ok(value) => reply_sized(reply, size, &value),
             Err(e) => reply.error(e),
@@ -622,6 +657,7 @@ impl Filesystem for TallyFuse {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.requests.count(Opcode::Listxattr);
         match self.call("listxattr", |fs| Ok(fs.listxattr(ino.0)?)) {
             Ok(names) => {
                 let mut list = Vec::new();
@@ -636,6 +672,7 @@ impl Filesystem for TallyFuse {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        self.requests.count(Opcode::Removexattr);
         let r = self.change(req, "removexattr", &[ino.0], &[], |fs, tx| {
             Ok(fs.removexattr(tx, ino.0, name(n))?)
         });
@@ -643,6 +680,7 @@ impl Filesystem for TallyFuse {
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        self.requests.count(Opcode::Access);
         // Only sent without default_permissions, which the adapter always sets: the kernel
         // checks permissions. Existence is all there is to check.
         Self::reply_empty(
@@ -661,6 +699,7 @@ impl Filesystem for TallyFuse {
         _flags: i32,
         reply: ReplyCreate,
     ) {
+        self.requests.count(Opcode::Create);
         let r = self.change(req, "create", &[], &[(parent.0, n)], |fs, tx| {
             let a = fs.create(tx, parent.0, name(n), perm(mode), owner(req))?;
             fs.open(a.ino)?;
@@ -685,6 +724,7 @@ impl Filesystem for TallyFuse {
         out_size: u32,
         reply: ReplyIoctl,
     ) {
+        self.requests.count(Opcode::Ioctl);
         // Files and directories alike (the kernel sends FUSE_IOCTL_DIR for a directory).
         match self.transaction_ioctl(req, ino, fh, cmd, out_size) {
             Ok(data) => reply.ioctl(0, &data),
@@ -702,6 +742,7 @@ impl Filesystem for TallyFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(Opcode::Fallocate);
         let r = self.change(req, "fallocate", &[ino.0], &[], |fs, tx| {
             if mode & !(FALLOC_KEEP_SIZE | FALLOC_PUNCH_HOLE) != 0 {
                 return Err(Failure::Unsupported("fallocate mode"));
@@ -713,6 +754,39 @@ impl Filesystem for TallyFuse {
             Ok(fs.fallocate(tx, ino.0, offset, length, flags)?)
         });
         Self::reply_empty(reply, r);
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: i64,
+        _whence: i32,
+        reply: ReplyLseek,
+    ) {
+        // The kernel seeks itself (SEEK_DATA and SEEK_HOLE as if the file had no holes) and
+        // asks no more after this answer.
+        self.requests.count(Opcode::Lseek);
+        reply.error(Errno::from_i32(libc::ENOSYS));
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        _fh_in: FileHandle,
+        _offset_in: u64,
+        _ino_out: INodeNo,
+        _fh_out: FileHandle,
+        _offset_out: u64,
+        _len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        // The kernel copies through reads and writes instead, and asks no more.
+        self.requests.count(Opcode::CopyFileRange);
+        reply.error(Errno::from_i32(libc::ENOSYS));
     }
 }
 
@@ -790,7 +864,16 @@ mod tests {
         Fs::mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
         let fs = Fs::mount(dev, MountOptions::default()).unwrap();
         let (second, minute) = (Duration::from_secs(1), Duration::from_secs(60));
-        TallyFuse::new(fs, second, minute, second, Txns::default(), OutcomeSlot::default())
+        let requests = Arc::default();
+        TallyFuse::new(
+            fs,
+            second,
+            minute,
+            second,
+            Txns::default(),
+            OutcomeSlot::default(),
+            requests,
+        )
     }
 
     #[test]

@@ -51,10 +51,12 @@
 mod adapter;
 mod attr;
 mod errno;
+mod requests;
 mod session;
 mod txns;
 
 pub use adapter::{TallyFuse, Unmounted};
+pub use requests::{Opcode, RequestCounts, RequestSnapshot};
 pub use session::{
     block_termination_signals, mount, parse_options, unmount_dir, MountConfig, Mounted,
 };

@@ -18,6 +18,7 @@ use fuser::{Config, MountOption, SessionACL};
 use tally_fs::Fs;
 
 use crate::adapter::{OutcomeSlot, TallyFuse, Unmounted};
+use crate::requests::RequestCounts;
 use crate::txns::{FuseMutant, Txns};
 
 /// How to mount.
@@ -121,6 +122,7 @@ pub struct Mounted {
     session: fuser::Session<TallyFuse>,
     outcome: OutcomeSlot,
     dir: PathBuf,
+    requests: Arc<RequestCounts>,
 }
 
 /// Mount `fs` on `dir`. The kernel sees the mount when this returns; requests wait until
@@ -141,8 +143,16 @@ pub fn mount(fs: Fs, dir: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
     let outcome: OutcomeSlot = Arc::new(Mutex::new(None));
     let notifier = Arc::new(OnceLock::new());
     let txns = Txns::new(notifier.clone(), cfg.mutant);
-    let adapter =
-        TallyFuse::new(fs, cfg.ttl, cfg.maintenance_interval, cfg.txn_wait, txns, outcome.clone());
+    let requests = Arc::new(RequestCounts::default());
+    let adapter = TallyFuse::new(
+        fs,
+        cfg.ttl,
+        cfg.maintenance_interval,
+        cfg.txn_wait,
+        txns,
+        outcome.clone(),
+        requests.clone(),
+    );
     let mut options = vec![
         MountOption::FSName(cfg.fsname.clone()),
         MountOption::Subtype("tally".into()),
@@ -157,20 +167,31 @@ pub fn mount(fs: Fs, dir: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
     let session = fuser::Session::new(adapter, dir, &config)?;
     // Set before any request is served (run() has not started): aborts can invalidate.
     let _ = notifier.set(session.notifier());
-    Ok(Mounted { session, outcome, dir: dir.to_path_buf() })
+    Ok(Mounted { session, outcome, dir: dir.to_path_buf(), requests })
 }
 
 impl Mounted {
-    /// Unmount the directory when SIGTERM, SIGINT or SIGHUP arrives (a thread waits for them;
-    /// [`block_termination_signals`] must have run before any thread started, or the signal
-    /// may be delivered elsewhere).
+    /// The kernel's requests to this mount so far, by opcode (live: read them at any time,
+    /// during or after [`Mounted::run`]).
+    pub fn requests(&self) -> Arc<RequestCounts> {
+        self.requests.clone()
+    }
+
+    /// Unmount the directory when SIGTERM, SIGINT or SIGHUP arrives, and log the request
+    /// counts so far when SIGUSR1 does (a thread waits for them; [`block_termination_signals`]
+    /// must have run before any thread started, or the signal may be delivered elsewhere).
     ///
     /// # Errors
     /// The thread could not start.
     pub fn unmount_on_signals(&self) -> io::Result<()> {
         let dir = self.dir.clone();
+        let requests = self.requests.clone();
         std::thread::Builder::new().name("tally-signals".into()).spawn(move || loop {
             let signal = wait_termination_signal();
+            if signal == libc::SIGUSR1 {
+                tracing::info!("FUSE requests since mount: {}", requests.snapshot());
+                continue;
+            }
             tracing::info!(signal, "unmounting {} on signal", dir.display());
             // Open files keep a plain unmount busy; a signal means stop, so detach lazily.
             match unmount_dir(&dir, false).or_else(|_| unmount_dir(&dir, true)) {
@@ -194,22 +215,23 @@ impl Mounted {
     }
 }
 
-/// The signals that end a mount.
+/// The signals that end a mount, and SIGUSR1 (log the request counts).
 fn termination_set() -> libc::sigset_t {
     // SAFETY: sigemptyset/sigaddset initialise and fill the set they are given; the set is a
     // plain value owned here.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1] {
             libc::sigaddset(&mut set, s);
         }
         set
     }
 }
 
-/// Block SIGTERM, SIGINT and SIGHUP in the calling thread and every thread it starts later,
-/// so that [`Mounted::unmount_on_signals`] receives them. Call before any thread starts.
+/// Block SIGTERM, SIGINT, SIGHUP and SIGUSR1 in the calling thread and every thread it starts
+/// later, so that [`Mounted::unmount_on_signals`] receives them (and SIGUSR1 never kills the
+/// daemon). Call before any thread starts.
 ///
 /// # Errors
 /// `pthread_sigmask` failed.
@@ -224,7 +246,7 @@ pub fn block_termination_signals() -> io::Result<()> {
     }
 }
 
-/// Wait for one of the termination signals; returns its number.
+/// Wait for one of the signals of [`termination_set`]; returns its number.
 fn wait_termination_signal() -> i32 {
     let set = termination_set();
     loop {

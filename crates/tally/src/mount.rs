@@ -35,8 +35,10 @@ Mount options (-o, comma-separated, repeatable):
   noatime, nodev, nosuid, noexec, dirsync, sync, ...   passed to the kernel
 
 The daemon logs to --log (default: $XDG_STATE_HOME/tally/ or ~/.local/state/tally/, \
-named after the mount directory); RUST_LOG=debug logs every failed request. SIGTERM, SIGINT \
-and SIGHUP unmount cleanly (the snapshot is written, so the next mount needs no scan). After \
+named after the mount directory); RUST_LOG=debug logs every failed request. The kernel's \
+requests to the mount, counted by opcode, are logged at unmount and whenever the daemon gets \
+SIGUSR1. SIGTERM, SIGINT and SIGHUP unmount cleanly (the snapshot is written, so the next mount \
+needs no scan). After \
 a daemon is killed with SIGKILL the next mount recovers from the log: everything fsync'd is \
 there, and the rest is a consistent prefix of what was done.
 

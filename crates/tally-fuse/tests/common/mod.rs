@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tally_fs::{Fs, MkfsOptions, MountOptions};
-use tally_fuse::{FuseMutant, MountConfig, Unmounted};
+use tally_fuse::{FuseMutant, MountConfig, RequestCounts, RequestSnapshot, Unmounted};
 use tally_media::{Device, FileDevice, FileOptions};
 
 /// Why FUSE cannot be used here, if it cannot.
@@ -94,8 +94,9 @@ impl Scratch {
     fn serve(&self, cfg: &MountConfig) -> Served {
         let fs = Fs::mount(device(&self.image()), MountOptions::default()).unwrap();
         let mounted = tally_fuse::mount(fs, &self.dir(), cfg).unwrap();
+        let requests = mounted.requests();
         let thread = std::thread::spawn(move || mounted.run().unwrap());
-        Served { dir: self.dir(), thread: Some(thread) }
+        Served { dir: self.dir(), thread: Some(thread), requests }
     }
 
     /// Mount the image without FUSE, to look at it directly.
@@ -121,12 +122,18 @@ pub struct Served {
     /// The mount directory.
     pub dir: PathBuf,
     thread: Option<JoinHandle<Unmounted>>,
+    requests: Arc<RequestCounts>,
 }
 
 impl Served {
     /// `name` inside the mount.
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
+    }
+
+    /// The kernel's requests to the mount so far.
+    pub fn requests(&self) -> RequestSnapshot {
+        self.requests.snapshot()
     }
 
     /// Unmount through the kernel and wait for the session to write its snapshot.
