@@ -9,12 +9,75 @@ use crate::{FsError, Result};
 
 use super::{touch_times, Fs, Txn};
 
+/// The extended attribute holding a file's capabilities, which Linux removes on a write, a
+/// truncate and a change of owner.
+const XATTR_CAPABILITY: &[u8] = b"security.capability";
+
+/// Take away what Linux takes from a file when it is written, truncated or given to another
+/// owner: its `security.capability` attribute, and when `suidgid`, its set-user-ID bit and its
+/// set-group-ID bit if it is group-executable (without group execution the bit marks mandatory
+/// locking, not privilege). Returns whether the permission bits changed.
+fn drop_privs(st: &mut State, cx: &mut Cx, ino: Ino, suidgid: bool) -> OpResult<bool> {
+    let inode = st.inode(ino)?;
+    let perm = inode.attr.perm;
+    let mut kept = perm;
+    if suidgid {
+        kept &= !0o4000;
+        if perm & 0o010 != 0 {
+            kept &= !0o2000;
+        }
+    }
+    let capability = inode.xattrs.contains_key(XATTR_CAPABILITY);
+    if kept == perm && !capability {
+        return Ok(false);
+    }
+    cx.inode(st, ino)?;
+    if capability {
+        cx.xattr(st, ino, XATTR_CAPABILITY);
+        st.inode_mut(ino)?.xattrs.remove(XATTR_CAPABILITY);
+    }
+    let a = &mut st.inode_mut(ino)?.attr;
+    a.perm = kept;
+    a.ctime = Timespec::now();
+    Ok(kept != perm)
+}
+
 impl Fs {
     /// Change attributes. A size change truncates or extends (with zeros) a regular file.
     ///
     /// # Errors
     /// `ENOENT`, `EISDIR`/`EINVAL` for a size change on a non-file, `EFBIG`, `EBUSY`.
     pub fn setattr(&self, txn: Option<&Txn>, ino: Ino, set: &SetAttr) -> Result<Attr> {
+        self.setattr_as(txn, ino, set, None)
+    }
+
+    /// [`Fs::setattr`] on behalf of a caller the kernel left the dropping of privileges to
+    /// (FUSE's `HANDLE_KILLPRIV_V2`), in the same transaction: a change of owner or group of a
+    /// non-directory drops `security.capability`, the set-user-ID bit and a group-executable
+    /// set-group-ID bit (whatever the caller; the new owner must not inherit them); a size
+    /// change drops `security.capability`, and the bits too when `suidgid` (the caller lacks
+    /// `CAP_FSETID`). Permission bits given in `set` are applied after.
+    ///
+    /// # Errors
+    /// As [`Fs::setattr`].
+    pub fn setattr_dropping_privs(
+        &self,
+        txn: Option<&Txn>,
+        ino: Ino,
+        set: &SetAttr,
+        suidgid: bool,
+    ) -> Result<Attr> {
+        self.setattr_as(txn, ino, set, Some(suidgid))
+    }
+
+    /// [`Fs::setattr`]; `drop`: see [`Fs::setattr_dropping_privs`].
+    fn setattr_as(
+        &self,
+        txn: Option<&Txn>,
+        ino: Ino,
+        set: &SetAttr,
+        drop: Option<bool>,
+    ) -> Result<Attr> {
         if set.size.is_some_and(|s| s > FILE_SIZE_MAX) {
             return Err(FsError::FileTooBig);
         }
@@ -28,6 +91,12 @@ impl Fs {
                 }
             }
             cx.inode(st, ino)?;
+            if let Some(suidgid) = drop {
+                let chown = (set.uid.is_some() || set.gid.is_some()) && kind != FileKind::Dir;
+                if chown || set.size.is_some() {
+                    drop_privs(st, cx, ino, chown || suidgid)?;
+                }
+            }
             let now = Timespec::now();
             if let Some(size) = set.size {
                 self.truncate(st, cx, ino, size)?;
@@ -114,28 +183,73 @@ impl Fs {
     /// # Errors
     /// `ENOENT`, `EISDIR`, `EINVAL`, `EFBIG`, `ENOSPC`, `EIO`, `EBUSY`.
     pub fn write(&self, txn: Option<&Txn>, ino: Ino, offset: u64, data: &[u8]) -> Result<usize> {
+        self.write_as(txn, ino, offset, data, None).map(|(n, _)| n)
+    }
+
+    /// [`Fs::write`] on behalf of a caller the kernel left the dropping of privileges to
+    /// (FUSE's `HANDLE_KILLPRIV_V2`): the write's first transaction also drops the file's
+    /// `security.capability`, and when `suidgid` (the caller lacks `CAP_FSETID`) its
+    /// set-user-ID bit and group-executable set-group-ID bit. Returns the bytes written and
+    /// whether the permission bits changed (a kernel caching them must be told).
+    ///
+    /// # Errors
+    /// As [`Fs::write`].
+    pub fn write_dropping_privs(
+        &self,
+        txn: Option<&Txn>,
+        ino: Ino,
+        offset: u64,
+        data: &[u8],
+        suidgid: bool,
+    ) -> Result<(usize, bool)> {
+        self.write_as(txn, ino, offset, data, Some(suidgid))
+    }
+
+    /// [`Fs::write`]; `drop`: see [`Fs::write_dropping_privs`].
+    fn write_as(
+        &self,
+        txn: Option<&Txn>,
+        ino: Ino,
+        offset: u64,
+        data: &[u8],
+        drop: Option<bool>,
+    ) -> Result<(usize, bool)> {
         let end = offset.checked_add(data.len() as u64).ok_or(FsError::FileTooBig)?;
         if end > FILE_SIZE_MAX {
             return Err(FsError::FileTooBig);
         }
         if data.is_empty() {
             self.getattr(ino)?;
-            return Ok(0);
+            return Ok((0, false));
         }
         let bs = u64::from(self.bs);
         let chunk = if txn.is_some() { u64::MAX } else { self.max_tx_blocks * bs };
         let mut at = offset;
+        let mut perm_dropped = false;
         while at < end {
             let stop = end.min((at / bs * bs).saturating_add(chunk));
             let part = &data[(at - offset) as usize..(stop - offset) as usize];
-            match self.op(txn, ino, true, |st, cx| self.write_part(st, cx, ino, at, part)) {
-                Ok(()) => at = stop,
+            // Privileges go in the first part's transaction: a crash never keeps written
+            // data on a file that still has them.
+            let first_drop = if at == offset { drop } else { None };
+            let written = self.op(txn, ino, true, |st, cx| {
+                self.write_part(st, cx, ino, at, part)?;
+                match first_drop {
+                    Some(suidgid) => drop_privs(st, cx, ino, suidgid),
+                    None => Ok(false),
+                }
+            });
+            match written {
+                Ok(dropped) => {
+                    perm_dropped |= dropped;
+                    at = stop;
+                }
                 // A short write, as POSIX has it: the parts written are committed.
-                Err(_) if at > offset => return Ok((at - offset) as usize),
+                Err(_) if at > offset => return Ok(((at - offset) as usize, perm_dropped)),
                 Err(e) => return Err(e),
             }
         }
-        Ok(data.len())
+        Ok((data.len(), perm_dropped))
     }
 
     pub(crate) fn write_part(
@@ -291,5 +405,96 @@ impl Fs {
             i.attr.ctime = Timespec::now();
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tally_media::{Device, MemDevice};
+
+    use super::XATTR_CAPABILITY;
+    use crate::types::{Owner, SetAttr, XattrSet, ROOT};
+    use crate::{Fs, MkfsOptions, MountOptions};
+
+    fn fs() -> (Arc<dyn Device>, Fs) {
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 16384).unwrap());
+        Fs::mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+        let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+        (dev, fs)
+    }
+
+    /// A file of mode `perm` owned by uid 1 holding a capability attribute.
+    fn privileged(fs: &Fs, name: &[u8], perm: u16) -> u64 {
+        let a = fs.create(None, ROOT, name, perm, Owner { uid: 1, gid: 1 }).unwrap();
+        fs.setxattr(None, a.ino, XATTR_CAPABILITY, b"caps", XattrSet::Any).unwrap();
+        a.ino
+    }
+
+    fn state(fs: &Fs, ino: u64) -> (u16, bool) {
+        let caps = fs.getxattr(ino, XATTR_CAPABILITY).is_ok();
+        (fs.getattr(ino).unwrap().perm, caps)
+    }
+
+    #[test]
+    fn a_write_drops_capabilities_and_with_suidgid_the_bits() {
+        let (_, fs) = fs();
+        let f = privileged(&fs, b"f", 0o6775);
+        assert_eq!(fs.write_dropping_privs(None, f, 0, b"x", false).unwrap(), (1, false));
+        assert_eq!(state(&fs, f), (0o6775, false), "a privileged writer keeps the bits");
+        assert_eq!(fs.write_dropping_privs(None, f, 1, b"y", true).unwrap(), (1, true));
+        assert_eq!(state(&fs, f), (0o0775, false));
+        // Set-group-ID without group execution marks mandatory locking: it stays.
+        let g = privileged(&fs, b"g", 0o6764);
+        assert_eq!(fs.write_dropping_privs(None, g, 0, b"x", true).unwrap(), (1, true));
+        assert_eq!(state(&fs, g), (0o2764, false));
+        // The plain write takes nothing.
+        let h = privileged(&fs, b"h", 0o6775);
+        fs.write(None, h, 0, b"x").unwrap();
+        assert_eq!(state(&fs, h), (0o6775, true));
+    }
+
+    #[test]
+    fn chown_drops_them_whoever_asks_truncate_as_told() {
+        let (dev, fs) = fs();
+        let f = privileged(&fs, b"f", 0o6755);
+        let same_owner = SetAttr { uid: Some(1), ..SetAttr::default() };
+        fs.setattr_dropping_privs(None, f, &same_owner, false).unwrap();
+        assert_eq!(state(&fs, f), (0o0755, false), "chown, even to the same owner");
+        let g = privileged(&fs, b"g", 0o6755);
+        let truncate = SetAttr { size: Some(0), ..SetAttr::default() };
+        fs.setattr_dropping_privs(None, g, &truncate, false).unwrap();
+        assert_eq!(state(&fs, g), (0o6755, false));
+        fs.setattr_dropping_privs(None, g, &truncate, true).unwrap();
+        assert_eq!(state(&fs, g), (0o0755, false));
+        // A chmod alone drops nothing; nor does a directory's chown.
+        let h = privileged(&fs, b"h", 0o6755);
+        let chmod = SetAttr { perm: Some(0o6711), ..SetAttr::default() };
+        fs.setattr_dropping_privs(None, h, &chmod, true).unwrap();
+        assert_eq!(state(&fs, h), (0o6711, true));
+        let d = fs.mkdir(None, ROOT, b"d", 0o2775, Owner { uid: 1, gid: 1 }).unwrap().ino;
+        let chown = SetAttr { uid: Some(2), ..SetAttr::default() };
+        fs.setattr_dropping_privs(None, d, &chown, true).unwrap();
+        assert_eq!(fs.getattr(d).unwrap().perm, 0o2775);
+        // What was dropped stays dropped after a remount.
+        fs.unmount().unwrap();
+        let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+        assert_eq!(
+            (state(&fs, f), state(&fs, g), state(&fs, h)),
+            ((0o0755, false), (0o0755, false), (0o6711, true))
+        );
+    }
+
+    #[test]
+    fn abort_gives_them_back() {
+        let (_, fs) = fs();
+        let f = privileged(&fs, b"f", 0o6775);
+        let txn = fs.begin().unwrap();
+        fs.write_dropping_privs(Some(&txn), f, 0, b"new", true).unwrap();
+        assert_eq!(state(&fs, f), (0o0775, false));
+        fs.abort(txn).unwrap();
+        assert_eq!(state(&fs, f), (0o6775, true));
+        assert_eq!(fs.getattr(f).unwrap().size, 0);
     }
 }
