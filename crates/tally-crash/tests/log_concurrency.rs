@@ -21,7 +21,8 @@ fn run(mutant: Option<tally_log::Mutant>, seed: u64) -> Vec<String> {
         CrashConfig { completion: CompletionPolicy::Shuffle, ..CrashConfig::with_seed(seed) };
     let dev = Arc::new(CrashDevice::new(geometry, config));
     Log::format(&*dev, &LogConfig { streams: 3, segment_blocks: 16, uuid: [9; 16] }).unwrap();
-    let (log, _) = Log::open(dev.clone(), OpenOptions { mutant }).unwrap();
+    let (log, _) =
+        Log::open(dev.clone(), OpenOptions { mutant, ..OpenOptions::default() }).unwrap();
     let acks: Acks = Mutex::new(Vec::new());
     std::thread::scope(|scope| {
         for t in 0..4u64 {

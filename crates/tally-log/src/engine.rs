@@ -89,11 +89,33 @@ fn random_uuid() -> [u8; 16] {
     out
 }
 
+/// Sequence numbers a stream reserves at a time (see `StreamRoot::seq_limit`): a run that
+/// commits this many transactions on one stream writes one extra superblock.
+pub const SEQ_RESERVE: u64 = 1 << 24;
+
 /// Options of [`Log::open`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OpenOptions {
     /// A deliberately broken protocol variant (needs the `mutants` feature).
     pub mutant: Option<Mutant>,
+    /// Open even when recovery finds that a transaction proven durable is damaged or missing:
+    /// keep the longest safe prefix and report what was dropped in
+    /// [`crate::Recovery::damage`] instead of failing with
+    /// [`LogError::DurableTransactionLost`]. Loses data the log acknowledged: only for salvage.
+    pub salvage: bool,
+    /// Sequence numbers reserved at a time; 0 means [`SEQ_RESERVE`]. Small values let tests
+    /// exercise the reservation's renewal.
+    pub seq_reserve: u64,
+}
+
+impl OpenOptions {
+    pub(crate) fn seq_reserve(&self) -> u64 {
+        if self.seq_reserve == 0 {
+            SEQ_RESERVE
+        } else {
+            self.seq_reserve
+        }
+    }
 }
 
 /// A transaction being built. Records are opaque to the log; data blocks are written out of
@@ -200,6 +222,9 @@ pub(crate) struct Stream {
     pub epoch: u32,
     pub last_seq: u64,
     pub next_seq: u64,
+    /// `next_seq` may not reach this before the superblock raises it (see
+    /// `StreamRoot::seq_limit`).
+    pub seq_limit: u64,
     pub segment: u32,
     pub offset: u32,
     pub next_segment: u32,
@@ -296,6 +321,8 @@ impl Log {
                 epoch: 1,
                 base_seq: 0,
                 resume_seq: 1,
+                // Nothing written yet: the first open resumes at 1 and reserves from there.
+                seq_limit: 1,
             })
             .collect();
         let sb = Superblock {
@@ -472,6 +499,12 @@ impl Log {
 
         let mut st = lock(&self.streams[s]);
         self.check_failed()?;
+        while st.next_seq >= st.seq_limit {
+            drop(st);
+            self.raise_seq_limit(s)?;
+            st = lock(&self.streams[s]);
+            self.check_failed()?;
+        }
         if u64::from(st.offset) + span > u64::from(self.segment_blocks) {
             let next_next =
                 lock(&self.space).alloc().ok_or(LogError::NoSpace { stream: tx.stream })?;
@@ -822,6 +855,27 @@ impl Log {
         Ok(())
     }
 
+    /// Reserve the next range of sequence numbers for stream `s`, durably, before any of them is
+    /// written (lock order: superblock, then the stream).
+    fn raise_seq_limit(&self, s: usize) -> Result<()> {
+        let mut sbs = lock(&self.sb);
+        let st = lock(&self.streams[s]);
+        if st.next_seq < st.seq_limit {
+            return Ok(());
+        }
+        let limit = st.seq_limit.checked_add(self.options.seq_reserve()).ok_or_else(|| {
+            LogError::Invalid(format!("stream {s} has used every sequence number"))
+        })?;
+        // Only this thread raises the limit while the superblock lock is held; the stream lock
+        // is not held across the write.
+        drop(st);
+        let mut sb = sbs.sb.clone();
+        sb.streams[s].seq_limit = limit;
+        self.write_superblock(&mut sbs, sb, true)?;
+        lock(&self.streams[s]).seq_limit = limit;
+        Ok(())
+    }
+
     /// Write `sb` into the copy not holding the current one, then (if `durable`) wait and flush.
     pub(crate) fn write_superblock(
         &self,
@@ -829,7 +883,9 @@ impl Log {
         mut sb: Superblock,
         durable: bool,
     ) -> Result<()> {
-        sb.generation = state.sb.generation + 1;
+        sb.generation = state.sb.generation.checked_add(1).ok_or_else(|| {
+            LogError::Invalid("superblock generation exhausted (2^64 updates)".into())
+        })?;
         let slot = 1 - state.slot;
         let buf = IoBuf::from_slice(&sb.encode());
         let w = vec![Write::new(SB_BLOCKS[slot], buf)];

@@ -26,6 +26,24 @@ pub enum LogError {
         /// What was wrong.
         reason: String,
     },
+    /// A transaction that a later unit of its stream proves durable is damaged or missing:
+    /// corruption, not a torn tail. Nothing was written; opening with `salvage` keeps the
+    /// longest safe prefix instead.
+    #[error(
+        "corrupted log: stream {stream} lost a transaction after seq {kept_seq} (at block \
+         {block}) that a later unit proves durable (up to seq {proven_seq}); nothing was \
+         written; salvage keeps the prefix up to seq {kept_seq}"
+    )]
+    DurableTransactionLost {
+        /// The stream.
+        stream: u16,
+        /// The last transaction the chain keeps.
+        kept_seq: u64,
+        /// Where the first missing transaction starts (or would start).
+        block: u64,
+        /// A unit proves every transaction of the stream up to this one durable.
+        proven_seq: u64,
+    },
     /// Neither superblock copy is valid: not a Tally log, or destroyed.
     #[error("no valid Tally superblock: {reason}")]
     NotFormatted {

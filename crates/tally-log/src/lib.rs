@@ -65,4 +65,4 @@ pub use error::{LogError, Result};
 pub use format::body::TxId;
 pub use format::superblock::probe_block_size;
 pub use mutant::{available as mutants_available, Mutant};
-pub use recover::{RecoveredTx, Recovery, StreamRecovery};
+pub use recover::{Damage, RecoveredTx, Recovery, StreamRecovery};

@@ -43,11 +43,20 @@ pub enum Mutant {
     /// it, and open does not check that the snapshot was written for the superblock in force;
     /// after a later crash the stale snapshot comes back and what was written since is lost.
     SnapshotKept,
+    /// Recovery does not seal the places after each stream's recovered tail: an orphan left
+    /// there chains to the tail again once a later recovery's base passes its seq.
+    NoTailSeal,
+    /// Recovery writes its superblock without first flushing what it read: after a process
+    /// crash it can vouch for transactions still in the volatile cache.
+    RecoveryVouchesBeforeFlush,
+    /// Recovery ignores durable watermarks: a damaged transaction proven durable is taken for
+    /// a torn tail, and everything after it is silently dropped.
+    WatermarkIgnored,
 }
 
 impl Mutant {
     /// Every mutant, in a fixed order.
-    pub const ALL: [Mutant; 14] = [
+    pub const ALL: [Mutant; 17] = [
         Mutant::NoPrefixCut,
         Mutant::NoDependencyClosure,
         Mutant::CountOffByOne,
@@ -62,6 +71,9 @@ impl Mutant {
         Mutant::OrderlessSubmitUntracked,
         Mutant::SegmentsReusedBeforeCheckpointDurable,
         Mutant::SnapshotKept,
+        Mutant::NoTailSeal,
+        Mutant::RecoveryVouchesBeforeFlush,
+        Mutant::WatermarkIgnored,
     ];
 
     /// Kebab-case name, as the CLI takes it.
@@ -84,6 +96,9 @@ impl Mutant {
                 "segments-reused-before-checkpoint-durable"
             }
             Mutant::SnapshotKept => "snapshot-trusted-after-crash",
+            Mutant::NoTailSeal => "no-tail-seal",
+            Mutant::RecoveryVouchesBeforeFlush => "recovery-vouches-before-flush",
+            Mutant::WatermarkIgnored => "watermark-ignored",
         }
     }
 
@@ -99,6 +114,21 @@ impl Mutant {
     #[must_use]
     pub fn needs_clean_close(self) -> bool {
         matches!(self, Mutant::SnapshotKept)
+    }
+
+    /// Whether only a workload that keeps working across several crashes and recoveries (or a
+    /// process crash followed by a power loss) shows it: the multi-generation explorations
+    /// catch these, not the single-crash bounded runs.
+    #[must_use]
+    pub fn needs_generations(self) -> bool {
+        matches!(self, Mutant::NoTailSeal | Mutant::RecoveryVouchesBeforeFlush)
+    }
+
+    /// Whether only damage to durable data (a flipped bit, not a torn write) shows it: the
+    /// crash explorer models torn writes; `tests/durable_damage.rs` here catches it.
+    #[must_use]
+    pub fn needs_damage(self) -> bool {
+        matches!(self, Mutant::WatermarkIgnored)
     }
 
     /// Parse a kebab-case name.

@@ -1,27 +1,50 @@
 //! Opening a log: choose the superblock, scan every stream's chain in parallel, keep the longest
-//! complete prefix, cut transactions whose dependencies did not survive (to a fixpoint), then
-//! durably bump every stream's epoch before anything new can be written.
+//! complete prefix, cut transactions whose dependencies did not survive (to a fixpoint), check
+//! that nothing the log proved durable is missing, then seal each stream's tail and durably bump
+//! every stream's epoch before anything new can be written.
 //!
 //! The acceptance rule for a transaction `T` found where the chain continues after the last
 //! accepted `L` (stream root: epoch `E`, base `B`):
 //! - `T` is whole: every unit decodes (crc seeded with the image uuid) with `T`'s identity, and
 //!   every data block matches its crc (classic transactions also need their commit block);
 //! - `T.prev_seq == L.seq`, `T.seq > L.seq`, `T.epoch >= L.epoch`;
-//! - `T.epoch == E`, or `T.epoch < E` and `T.seq <= B` (older epochs end at the tail that the
-//!   recovery which ended them kept: anything of theirs beyond it is an orphan).
+//! - `T.epoch == E`, or `T.epoch < E` and `T.seq <= B`.
 //!
 //! The chain continues right after `L` in the same segment, or at block 0 of the segment `L`
-//! named as next (a transaction that did not fit the rest of its segment starts there). At
-//! most one place can hold a `T` that passes the rule.
+//! named as next (a transaction that did not fit the rest of its segment starts there).
 //!
-//! Recovery writes only the superblock (the other copy, then a flush), so a crash inside it
-//! leaves either the old or the new superblock, and running it again gives the same result.
+//! Why no discarded transaction (an *orphan*: complete, but after a gap or cut for a missing
+//! dependency) is ever accepted later, however many crashes follow — the rule holds across
+//! generations because of three things recovery does before the new epoch's superblock:
+//! 1. **Seal.** The two places where a successor of the recovered tail can start (the block
+//!    after it, block 0 of its next segment) are overwritten with zeros and flushed. An orphan
+//!    can only chain to the tail from one of those places (an orphan's `prev_seq` names a
+//!    transaction of its own run, and the tail is the last of those recovery kept), so every
+//!    orphan becomes unreachable; a transaction written after the recovery chains to a new
+//!    sequence number, which no orphan names (2).
+//! 2. **Sequence numbers are never reused.** The superblock reserves each stream's numbers
+//!    (`seq_limit`): a run writes only below the limit and raises it durably before passing it,
+//!    so recovery resumes at the old limit, above anything on the device, seen or not. A
+//!    dependency `(stream, seq)` therefore names exactly one transaction.
+//! 3. **What recovery vouches for is durable before it says so.** After a process crash the
+//!    scan may read transactions still in the device's volatile cache; the flush that makes the
+//!    seals durable makes them durable too, before the superblock that records them as the base.
+//!
+//! Corruption is not a torn tail: every unit carries the stream's durable watermark when it was
+//! placed. If a unit found after the chain's end (or a transaction cut for a dependency) proves
+//! that a transaction the chain lacks was durable, recovery fails with
+//! [`LogError::DurableTransactionLost`] and writes nothing, unless [`OpenOptions::salvage`]
+//! asks to keep the longest safe prefix (then [`Recovery::damage`] says what was dropped).
+//!
+//! Recovery writes the seals, then the superblock (the other copy, then a flush), so a crash
+//! inside it leaves either the old or the new superblock, and running it again gives the same
+//! result (the seals only overwrite places no survivor occupies).
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tally_media::Device;
+use tally_media::{Device, IoBuf, Write, WriteFlags};
 
 use crate::engine::{crc_padded, Placed, SbState, Stream};
 use crate::error::corrupted;
@@ -74,6 +97,26 @@ pub struct Recovery {
     /// from its snapshot without scanning (the streams' `txs` are then empty: everything they
     /// held is described by this state).
     pub snapshot: Option<Vec<u8>>,
+    /// Transactions proven durable that recovery could not keep (only with
+    /// [`OpenOptions::salvage`]; without it, such damage fails the open).
+    pub damage: Vec<Damage>,
+}
+
+/// A stream whose chain lacks a transaction that a later unit proves was durable: corruption,
+/// not a torn tail.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Damage {
+    /// The stream.
+    pub stream: u16,
+    /// The last transaction kept.
+    pub kept_seq: u64,
+    /// Where the first missing transaction starts (or would start).
+    pub block: u64,
+    /// A unit of the stream proves every transaction up to this one durable.
+    pub proven_seq: u64,
+    /// Sequence numbers of the transactions found after the kept prefix and dropped (those
+    /// whose first unit still decodes, and those cut for a missing dependency).
+    pub dropped_seqs: Vec<u64>,
 }
 
 /// Logs smaller than this many blocks are scanned one stream after another.
@@ -87,6 +130,22 @@ struct Scan {
     end_offset: u32,
     max_seq_seen: u64,
     blocks: u64,
+    /// Highest durable watermark carried by a survivor (before the dependency closure).
+    watermark: u64,
+    /// Sequence numbers of the survivors the dependency closure cut.
+    cut_seqs: Vec<u64>,
+    /// What lies after the chain's end.
+    beyond: Beyond,
+}
+
+/// Units of the stream found after the end of its chain: evidence that decides whether the end
+/// is a torn tail (nothing durable lost) or corruption.
+#[derive(Debug, Default)]
+struct Beyond {
+    /// Highest durable watermark among them.
+    watermark: u64,
+    /// Sequence numbers of the transactions whose first unit decodes.
+    seqs: BTreeSet<u64>,
 }
 
 /// Whole segments read at once: a scan reads each segment of its chain with one large read
@@ -177,6 +236,26 @@ impl Log {
         }
         let scan_time = started.elapsed();
         let blocks_scanned = scans.iter().map(|s| s.blocks).sum();
+        let damage = find_damage(&ctx, &scans);
+        if let Some(d) = damage.first() {
+            if !options.salvage && !ctx.mutant(Mutant::WatermarkIgnored) {
+                return Err(LogError::DurableTransactionLost {
+                    stream: d.stream,
+                    kept_seq: d.kept_seq,
+                    block: d.block,
+                    proven_seq: d.proven_seq,
+                });
+            }
+            for d in &damage {
+                tracing::warn!(
+                    stream = d.stream,
+                    kept_seq = d.kept_seq,
+                    proven_seq = d.proven_seq,
+                    dropped = ?d.dropped_seqs,
+                    "salvage: dropping transactions proven durable"
+                );
+            }
+        }
 
         // New epoch for every stream, durable before any new write.
         let mut new_sb = sb.clone();
@@ -185,22 +264,14 @@ impl Log {
         let mut streams = Vec::with_capacity(scans.len());
         let mut report = Vec::with_capacity(scans.len());
         let mut used = Vec::new();
+        let mut seals = Vec::new();
         for (s, scan) in scans.into_iter().enumerate() {
             let root = sb.streams[s];
             let tail = scan.txs.last().map_or(root.checkpoint_seq, |t| t.0.id.seq);
-            let new_root = if bump {
-                StreamRoot {
-                    epoch: root.epoch + 1,
-                    base_seq: tail,
-                    resume_seq: tail.max(scan.max_seq_seen).max(root.resume_seq.saturating_sub(1))
-                        + 1,
-                    ..root
-                }
-            } else {
-                root
-            };
+            let new_root =
+                if bump { next_root(&ctx, root, tail, scan.max_seq_seen, s)? } else { root };
             new_sb.streams[s] = new_root;
-            let next_seq = if bump { new_root.resume_seq } else { tail + 1 };
+            let next_seq = if bump { new_root.resume_seq } else { tail.saturating_add(1) };
             // Segments the chain holds: those of the survivors, plus the reserved next one.
             let mut chain: VecDeque<u32> = scan.chain.iter().copied().collect();
             while chain.back().is_some_and(|&seg| seg != scan.end_segment) {
@@ -208,10 +279,17 @@ impl Log {
             }
             used.extend(chain.iter().copied());
             used.push(scan.next_segment);
+            if !ctx.mutant(Mutant::NoTailSeal) {
+                if scan.end_offset < sb.segment_blocks {
+                    seals.push(sb.segment_start(scan.end_segment) + u64::from(scan.end_offset));
+                }
+                seals.push(sb.segment_start(scan.next_segment));
+            }
             streams.push(Stream {
                 epoch: new_root.epoch,
                 last_seq: tail,
                 next_seq,
+                seq_limit: if bump { new_root.seq_limit } else { u64::MAX },
                 segment: scan.end_segment,
                 offset: if ctx.mutant(Mutant::ResumeOverwritesTail) && !scan.txs.is_empty() {
                     scan.end_offset - 1
@@ -234,17 +312,24 @@ impl Log {
                 epoch: new_root.epoch,
             });
         }
+        // Seals, and whatever the scan read from the device's volatile cache, durable before
+        // the superblock that vouches for them (module docs, 1 and 3).
+        if !seals.is_empty() {
+            let zero = IoBuf::zeroed(sb.block_size as usize);
+            let writes = seals.iter().map(|&b| Write::new(b, zero.clone())).collect();
+            dev.write_sync(writes, WriteFlags::NONE)?;
+        }
+        if !ctx.mutant(Mutant::RecoveryVouchesBeforeFlush) {
+            dev.flush()?;
+        }
         let space = Space::new(sb.segment_count, used);
         let log = Log::from_parts(dev, SbState { sb, slot }, streams, space, options);
         if bump {
             let durable = !log.mutant(Mutant::EpochBumpNotDurable);
             let mut state = log.sb.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             log.write_superblock(&mut state, new_sb, durable)?;
-        } else {
-            // Still make what was read durable: it may sit in the device's volatile cache.
-            log.dev.flush()?;
         }
-        Ok((log, Recovery { streams: report, blocks_scanned, scan_time, snapshot: None }))
+        Ok((log, Recovery { streams: report, blocks_scanned, scan_time, snapshot: None, damage }))
     }
 
     /// Open from a clean-close snapshot: streams as they were, a new epoch for each, and the
@@ -264,19 +349,17 @@ impl Log {
         let mut streams = Vec::with_capacity(restored.len());
         let mut report = Vec::with_capacity(restored.len());
         let mut used = Vec::new();
+        let ctx = Ctx { dev: &*dev, sb: &sb, options, stop_after_seq: u64::MAX };
         for (s, r) in restored.into_iter().enumerate() {
             let root = sb.streams[s];
             let tail = r.last_seq;
-            let new_root = StreamRoot {
-                epoch: root.epoch + 1,
-                base_seq: tail,
-                resume_seq: tail.max(root.resume_seq.saturating_sub(1)) + 1,
-                ..root
-            };
+            let new_root = next_root(&ctx, root, tail, tail, s)?;
             new_sb.streams[s] = new_root;
             used.extend(r.chain.iter().copied());
             used.push(r.next_segment);
-            streams.push(r.into_stream(new_root.epoch, new_root.resume_seq));
+            let mut stream = r.into_stream(new_root.epoch, new_root.resume_seq);
+            stream.seq_limit = new_root.seq_limit;
+            streams.push(stream);
             report.push(StreamRecovery {
                 txs: Vec::new(),
                 cut_by_dependency: 0,
@@ -298,9 +381,101 @@ impl Log {
                 blocks_scanned: blocks,
                 scan_time,
                 snapshot: Some(payload),
+                damage: Vec::new(),
             },
         ))
     }
+}
+
+/// The root stream `s` gets from a recovery that kept it up to `tail`: a new epoch, and
+/// sequence numbers resumed above everything any earlier run may have written (module docs, 2).
+fn next_root(
+    ctx: &Ctx<'_>,
+    root: StreamRoot,
+    tail: u64,
+    max_seq_seen: u64,
+    s: usize,
+) -> Result<StreamRoot> {
+    let exhausted =
+        |what: &str| corrupted("superblock", 0, format!("stream {s}: {what} exhausted"));
+    let epoch = root.epoch.checked_add(1).ok_or_else(|| exhausted("epochs"))?;
+    let above_seen = tail.max(max_seq_seen).checked_add(1).ok_or_else(|| exhausted("seqs"))?;
+    let resume_seq = above_seen.max(root.seq_limit);
+    let seq_limit =
+        resume_seq.checked_add(ctx.options.seq_reserve()).ok_or_else(|| exhausted("seqs"))?;
+    Ok(StreamRoot { epoch, base_seq: tail, resume_seq, seq_limit, ..root })
+}
+
+/// Streams whose chain, after the dependency closure, ends before a transaction that one of
+/// its units proves durable.
+fn find_damage(ctx: &Ctx<'_>, scans: &[Scan]) -> Vec<Damage> {
+    let sb = ctx.sb;
+    let mut damage = Vec::new();
+    for (s, scan) in scans.iter().enumerate() {
+        let root = sb.streams[s];
+        let kept_seq = scan.txs.last().map_or(root.checkpoint_seq, |t| t.0.id.seq);
+        let proven_seq = scan.watermark.max(scan.beyond.watermark);
+        if proven_seq <= kept_seq {
+            continue;
+        }
+        let block = if scan.end_offset < sb.segment_blocks {
+            sb.segment_start(scan.end_segment) + u64::from(scan.end_offset)
+        } else {
+            sb.segment_start(scan.next_segment)
+        };
+        let mut dropped: BTreeSet<u64> = scan.cut_seqs.iter().copied().collect();
+        dropped.extend(scan.beyond.seqs.iter().copied().filter(|&q| q > kept_seq));
+        damage.push(Damage {
+            stream: s as u16,
+            kept_seq,
+            block,
+            proven_seq,
+            dropped_seqs: dropped.into_iter().collect(),
+        });
+    }
+    damage
+}
+
+/// Look past the end of stream `s`'s chain for units of the stream written after its last
+/// survivor: the rest of the end segment, the reserved next segment, and every segment those
+/// units name as next (bounded: each segment is visited once).
+fn probe_beyond(ctx: &Ctx<'_>, cache: &mut SegmentCache, s: u16, scan: &Scan) -> Result<Beyond> {
+    let sb = ctx.sb;
+    let last_seq =
+        scan.txs.last().map_or(sb.streams[usize::from(s)].checkpoint_seq, |t| t.0.id.seq);
+    let mut beyond = Beyond::default();
+    let mut visited = BTreeSet::new();
+    let mut queue = VecDeque::from([(scan.end_segment, scan.end_offset), (scan.next_segment, 0)]);
+    while let Some((segment, from)) = queue.pop_front() {
+        if segment >= sb.segment_count || !visited.insert((segment, from)) {
+            continue;
+        }
+        if visited.len() > sb.segment_count as usize + 1 {
+            break;
+        }
+        for offset in from..sb.segment_blocks {
+            let block_no = sb.segment_start(segment) + u64::from(offset);
+            let buf = cache.blocks(ctx, segment, offset, 1)?;
+            let Ok((h, _)) = UnitHeader::decode(&sb.uuid, buf, block_no, true) else { continue };
+            // Only units the acceptance rule's epoch test admits count as proof: those of an
+            // older epoch above `base_seq` were discarded by a recovery (orphans, whose
+            // watermarks never pass that recovery's tail, or what a salvage dropped).
+            let root = sb.streams[usize::from(s)];
+            let admitted =
+                h.epoch == root.epoch || (h.epoch < root.epoch && h.seq <= root.base_seq);
+            if h.stream != s || h.seq <= last_seq || !admitted {
+                continue;
+            }
+            beyond.watermark = beyond.watermark.max(h.durable_watermark);
+            if h.unit_index == 0 && h.kind == UnitKind::Body {
+                beyond.seqs.insert(h.seq);
+            }
+            if h.next_segment != segment && !visited.iter().any(|v| v.0 == h.next_segment) {
+                queue.push_back((h.next_segment, 0));
+            }
+        }
+    }
+    Ok(beyond)
 }
 
 /// Read both copies; the valid one with the highest generation wins.
@@ -343,6 +518,9 @@ fn scan_stream(ctx: &Ctx<'_>, s: u16) -> Result<Scan> {
         end_offset: root.checkpoint_offset,
         max_seq_seen: 0,
         blocks: 0,
+        watermark: 0,
+        cut_seqs: Vec::new(),
+        beyond: Beyond::default(),
     };
     let seg_blocks = ctx.sb.segment_blocks;
     let mut cache = SegmentCache::default();
@@ -381,9 +559,13 @@ fn scan_stream(ctx: &Ctx<'_>, s: u16) -> Result<Scan> {
                     continue;
                 }
             }
+            if ctx.stop_after_seq == u64::MAX {
+                scan.beyond = probe_beyond(ctx, &mut cache, s, &scan)?;
+            }
             scan.blocks = cache.blocks_read;
             return Ok(scan);
         };
+        scan.watermark = scan.watermark.max(header.durable_watermark);
         scan.next_segment = header.next_segment;
         scan.end_offset += header.span_blocks() as u32;
         last = (header.seq, header.epoch);
@@ -530,6 +712,7 @@ fn close_dependencies(sb: &Superblock, scans: &mut [Scan], cut: &mut [usize]) {
         for (s, scan) in scans.iter_mut().enumerate() {
             if let Some(i) = scan.txs.iter().position(|t| !t.0.deps.iter().all(satisfied)) {
                 cut[s] += scan.txs.len() - i;
+                scan.cut_seqs.extend(scan.txs[i..].iter().map(|t| t.0.id.seq));
                 scan.txs.truncate(i);
                 if let Some(last) = scan.txs.last() {
                     scan.end_segment = last.1.end_segment;

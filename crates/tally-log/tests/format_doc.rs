@@ -1,8 +1,8 @@
 //! docs/FORMAT.md must agree with the constants the encoders use: every field row of the
 //! tables named below is compared, offset and size, with the code.
 
+use tally_log::format::snapshot::{self, PlacedTx, StreamState};
 use tally_log::format::{body, superblock, unit};
-use tally_log::snapshot;
 
 /// The `| offset | size | field |` rows of the table under `### heading`.
 fn table(doc: &str, heading: &str) -> Vec<(usize, usize, String)> {
@@ -72,26 +72,33 @@ fn format_doc_matches_the_code() {
             ("reserved", st::EPOCH + 4, st::BASE_SEQ - st::EPOCH - 4),
             ("base_seq", st::BASE_SEQ, 8),
             ("resume_seq", st::RESUME_SEQ, 8),
+            ("seq_limit", st::SEQ_LIMIT, 8),
             ("reserved", st::RESERVED, superblock::SB_STREAM_SIZE - st::RESERVED),
         ],
     );
-    use snapshot::snap_off as sn;
+    use snapshot::off as sn;
     check(
         &doc,
         "Snapshot header",
         &[
             ("magic", sn::MAGIC, snapshot::SNAP_MAGIC.len()),
             ("version", sn::VERSION, 2),
-            ("reserved", sn::VERSION + 2, sn::SEGMENT_COUNT - sn::VERSION - 2),
+            ("reserved", sn::RESERVED_A, sn::SEGMENT_COUNT - sn::RESERVED_A),
             ("segment_count", sn::SEGMENT_COUNT, 4),
             ("sb_generation", sn::SB_GENERATION, 8),
             ("payload_len", sn::PAYLOAD_LEN, 8),
             ("payload_crc", sn::PAYLOAD_CRC, 4),
             ("crc", sn::CRC, 4),
             ("reserved", sn::RESERVED, sn::SEGMENTS - sn::RESERVED),
-            ("segment", sn::SEGMENTS, 4),
+            ("segment", sn::SEGMENTS, snapshot::SNAP_SEGMENT_SIZE),
         ],
     );
+    assert!(doc.contains(&format!(
+        "(block_size − {}) / {}",
+        sn::SEGMENTS,
+        snapshot::SNAP_SEGMENT_SIZE
+    )));
+    snapshot_state_matches(&doc);
     use unit::off as u;
     check(
         &doc,
@@ -123,4 +130,71 @@ fn format_doc_matches_the_code() {
     assert_eq!(rows[5], (body::BODY_HEADER_SIZE, body::DEP_SIZE, "dependency".to_string()));
     assert_eq!((rows[6].1, rows[6].2.as_str()), (4, "data_crc"));
     assert_eq!((rows[7].1, rows[7].2.as_str()), (body::RECORD_LEN_SIZE, "record_len"));
+}
+
+/// The snapshot's stream state is written in sequence, not at constant offsets: encode one
+/// stream with distinct values and compare every row that has an offset with the bytes there.
+fn snapshot_state_matches(doc: &str) {
+    let placed = PlacedTx {
+        seq: 0x1111_2222_3333,
+        epoch: 0x44,
+        end_segment: 0x55,
+        end_offset: 0x66,
+        next_segment: 0x77,
+        records: 0x88,
+        dead_records: 0x99,
+    };
+    let stream = StreamState {
+        last_seq: 0xaaaa_bbbb_cccc,
+        segment: 0xdd,
+        offset: 0xee,
+        next_segment: 0xff,
+        chain: vec![0x1234],
+        placed: vec![placed],
+    };
+    let blob = snapshot::encode_blob(&[stream], b"");
+    let state = &blob[8..];
+    let rows = table(doc, "Snapshot stream state");
+    let names: Vec<&str> = rows.iter().map(|r| r.2.as_str()).collect();
+    let expected = [
+        "last_seq",
+        "segment",
+        "offset",
+        "next_segment",
+        "chain_len",
+        "chain_segment",
+        "placed_len",
+        "placed",
+    ];
+    assert_eq!(names, expected, "Snapshot stream state rows");
+    let values: [u64; 6] = [0xaaaa_bbbb_cccc, 0xdd, 0xee, 0xff, 1, 0x1234];
+    for ((off, size, name), value) in rows.iter().zip(values) {
+        assert_eq!(&state[*off..off + size], &value.to_le_bytes()[..*size], "{name}");
+    }
+    assert_eq!(rows[4].0 + rows[4].1, snapshot::STREAM_STATE_SIZE, "fixed stream fields");
+    // After the one-segment chain: placed_len, then the entry.
+    let at = snapshot::STREAM_STATE_SIZE + 4;
+    assert_eq!((rows[6].1, rows[7].1), (8, snapshot::PLACED_SIZE));
+    assert_eq!(&state[at..at + 8], &1u64.to_le_bytes());
+    let entry = &state[at + 8..];
+    assert_eq!(entry.len(), snapshot::PLACED_SIZE);
+
+    let rows = table(doc, "Snapshot placed transaction");
+    let expected = [
+        ("seq", placed.seq),
+        ("epoch", u64::from(placed.epoch)),
+        ("end_segment", u64::from(placed.end_segment)),
+        ("end_offset", u64::from(placed.end_offset)),
+        ("next_segment", u64::from(placed.next_segment)),
+        ("records", u64::from(placed.records)),
+        ("dead_records", u64::from(placed.dead_records)),
+    ];
+    assert_eq!(rows.len(), expected.len(), "Snapshot placed transaction rows");
+    let mut end = 0;
+    for ((off, size, name), (field, value)) in rows.iter().zip(expected) {
+        assert_eq!((name.as_str(), *off), (field, end), "row {field} out of place");
+        assert_eq!(&entry[*off..off + size], &value.to_le_bytes()[..*size], "{field}");
+        end = off + size;
+    }
+    assert_eq!(end, snapshot::PLACED_SIZE);
 }

@@ -12,7 +12,7 @@ fn fresh(blocks: u64) -> Arc<MemDevice> {
 }
 
 fn open(dev: &Arc<MemDevice>, mutant: Option<Mutant>) -> (Log, Recovery) {
-    Log::open(dev.clone(), OpenOptions { mutant }).unwrap()
+    Log::open(dev.clone(), OpenOptions { mutant, ..OpenOptions::default() }).unwrap()
 }
 
 fn commit(log: &Log, stream: u16, tag: &str) {

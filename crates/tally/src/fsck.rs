@@ -48,13 +48,21 @@ What fsck cannot tell apart: a transaction torn by a crash and one damaged at th
 log look alike (both fail their crc), and recovery drops both; that is the log's contract, not \
 corruption.
 
+A transaction that later units of its stream prove durable (their durable watermark) but that \
+is damaged or missing is corruption, not a torn tail: the image is reported corrupt (exit 4) and \
+neither mount nor fsck changes it. `tally fsck --salvage --force IMAGE` then opens it for writing, \
+keeps the longest safe prefix of the log, says exactly which transactions it dropped, writes the \
+result back, and checks it again: acknowledged data is lost, so it needs --force.
+
 Exit codes: 0 clean; 2 bad arguments; 3 in use by a mount; 4 corruption found; 8 unusable \
-image (not a Tally image, truncated, or unreadable).
+image (not a Tally image, truncated, or unreadable). After --salvage --force: 0 when the salvaged \
+image checks clean.
 
 JSON (--json): {\"image\", \"status\": \"clean\"|\"corrupt\"|\"unusable\"|\"in_use\"|\"bad_arguments\", \"exit_code\", \
 \"superblocks\": [{\"block\", \"valid\", \"generation\", \"error\"}], \"mount\": {\"from_snapshot\", \
 \"blocks_read\", \"transactions_replayed\", \"inodes\", \"orphans_freed\", \"time\"} or null, \
-\"checked\": {\"inodes\", \"entries\", \"data_blocks\", \"problems\"} or null, \"error\": text or null}; \
+\"checked\": {\"inodes\", \"entries\", \"data_blocks\", \"problems\"} or null, \"salvaged\": \
+[{\"stream\", \"kept_seq\", \"block\", \"proven_seq\", \"dropped_seqs\"}] or null, \"error\": text or null}; \
 docs/CLI.md describes each field.")]
 pub struct Args {
     /// Image file or block device made by `tally mkfs`.
@@ -62,6 +70,14 @@ pub struct Args {
     /// Print the result as one JSON object on stdout.
     #[arg(long)]
     json: bool,
+    /// Repair a log that proves a durable transaction damaged: keep the longest safe prefix,
+    /// drop the rest (reported), write the image. Needs --force.
+    #[arg(long)]
+    salvage: bool,
+    /// Confirm --salvage: it writes to the image and drops transactions that were acknowledged
+    /// durable.
+    #[arg(long, requires = "salvage")]
+    force: bool,
 }
 
 /// One superblock copy as found on the image.
@@ -86,6 +102,7 @@ struct Report {
     superblocks: Vec<CopyReport>,
     mount: Option<MountReport>,
     checked: Option<FsckReport>,
+    salvaged: Option<Vec<tally_log::Damage>>,
     error: Option<String>,
 }
 
@@ -156,6 +173,34 @@ pub fn open_image(path: &Path, command: &str, refuse_in_use: bool) -> Result<Ope
     Ok(Opened { dev, _lock: lock, copies })
 }
 
+/// `--salvage --force`: mount `path` for writing with the log's salvage option (the longest
+/// safe prefix), unmount it cleanly, and return what was dropped.
+fn salvage(path: &Path) -> Result<Vec<tally_log::Damage>, Stop> {
+    let shown = path.display();
+    let unusable = |text: String| Stop { code: EXIT_UNUSABLE, text };
+    let lock = File::open(path).map_err(|e| unusable(format!("cannot open {shown}: {e}")))?;
+    // SAFETY: flock on a descriptor owned by `lock`.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(Stop {
+            code: EXIT_IN_USE,
+            text: format!("{shown} is in use: a tally mount serves it (unmount it first)"),
+        });
+    }
+    let block_size = crate::image::block_size_of(path).map_err(unusable)?;
+    let options = tally_media::FileOptions { block_size, ..tally_media::FileOptions::default() };
+    let dev = tally_media::FileDevice::open(path, options)
+        .map_err(|e| unusable(format!("cannot open {shown} for writing: {e}")))?;
+    let opts = MountOptions { salvage: true, ..MountOptions::default() };
+    let fs = Fs::mount(Arc::new(dev), opts).map_err(|e| Stop {
+        code: classify_mount_error(&e),
+        text: format!("salvage could not mount {shown}: {e}"),
+    })?;
+    let damage = fs.mount_report().damage;
+    fs.unmount().map_err(|e| unusable(format!("salvage could not unmount {shown}: {e}")))?;
+    drop(lock);
+    Ok(damage)
+}
+
 /// Both superblock copies: decoded, or why not.
 fn read_copies(dev: &dyn Device) -> tally_media::Result<Vec<(CopyReport, Option<Superblock>)>> {
     let bs = dev.geometry().block_size as usize;
@@ -215,8 +260,30 @@ fn check(args: &Args) -> Report {
         superblocks: Vec::new(),
         mount: None,
         checked: None,
+        salvaged: None,
         error: None,
     };
+    if args.salvage {
+        if !args.force {
+            report.exit_code = EXIT_BAD_INPUT;
+            report.status = "bad_arguments";
+            report.error = Some(
+                "--salvage writes to the image and drops transactions that were acknowledged \
+                 durable; add --force to do it (run plain `tally fsck` first to see what is wrong)"
+                    .into(),
+            );
+            return report;
+        }
+        match salvage(&args.image) {
+            Ok(damage) => report.salvaged = Some(damage),
+            Err(stop) => {
+                report.exit_code = stop.code;
+                report.status = if stop.code == EXIT_IN_USE { "in_use" } else { "unusable" };
+                report.error = Some(stop.text);
+                return report;
+            }
+        }
+    }
     let opened = match open_image(&args.image, "fsck", true) {
         Ok(o) => o,
         Err(stop) => {
@@ -278,6 +345,23 @@ fn print_text(report: &Report) {
                 c.block
             ),
             (None, None) => {}
+        }
+    }
+    if let Some(salvaged) = &report.salvaged {
+        if salvaged.is_empty() {
+            println!("salvage: nothing proven durable was missing; nothing dropped");
+        }
+        for d in salvaged {
+            println!(
+                "salvage: stream {} kept up to seq {}; dropped {} transaction(s) {:?} that a \
+                 later unit proved durable up to seq {} (damage at block {})",
+                d.stream,
+                d.kept_seq,
+                d.dropped_seqs.len(),
+                d.dropped_seqs,
+                d.proven_seq,
+                d.block
+            );
         }
     }
     if let Some(m) = &report.mount {

@@ -96,6 +96,7 @@ struct StreamView {
     epoch: u32,
     base_seq: u64,
     resume_seq: u64,
+    seq_limit: u64,
     checkpoint: CheckpointView,
     recovered: Option<RecoveredView>,
     durable_seq: Option<u64>,
@@ -210,6 +211,7 @@ fn stream_view(i: usize, root: &tally_log::format::superblock::StreamRoot) -> St
         epoch: root.epoch,
         base_seq: root.base_seq,
         resume_seq: root.resume_seq,
+        seq_limit: root.seq_limit,
         checkpoint: CheckpointView {
             seq: root.checkpoint_seq,
             epoch: root.checkpoint_epoch,
@@ -297,8 +299,8 @@ fn print_text(v: &Inspection) {
     for s in &v.streams {
         let c = &s.checkpoint;
         println!(
-            "stream {}: epoch {} (since seq {}, resuming at {})",
-            s.stream, s.epoch, s.base_seq, s.resume_seq
+            "stream {}: epoch {} (since seq {}, resuming at {}, numbers reserved below {})",
+            s.stream, s.epoch, s.base_seq, s.resume_seq, s.seq_limit
         );
         println!(
             "  checkpoint: seq {} (epoch {}) applied; the log continues at segment {} block {}, \

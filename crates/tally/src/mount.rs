@@ -32,6 +32,12 @@ Examples:
 Mount options (-o, comma-separated, repeatable):
   default_permissions   the kernel checks permissions from the mode bits (always on)
   allow_other           users other than the one mounting may use the mount
+  txn_wait_ms=N         milliseconds a change waits for a transaction holding what it
+                        changes before it fails with EBUSY (100)
+  attr_timeout=S        seconds the kernel may cache attributes (default 86400: every change
+                        goes through the mount, and the kernel is told what an abort undoes)
+  entry_timeout=S       seconds the kernel may cache names (86400)
+  negative_timeout=S    seconds the kernel may remember that a name is absent (86400; 0: never)
   noatime, nodev, nosuid, noexec, dirsync, sync, ...   passed to the kernel
 
 The daemon logs to --log (default: $XDG_STATE_HOME/tally/ or ~/.local/state/tally/, \
@@ -344,6 +350,14 @@ fn serve(image: &Path, dir: &Path, cfg: MountConfig, notify: Notify) -> ExitCode
     };
     let fs = match Fs::mount(Arc::new(dev), MountOptions::default()) {
         Ok(fs) => fs,
+        Err(e @ tally_fs::FsError::Log(tally_log::LogError::DurableTransactionLost { .. })) => {
+            let text = format!(
+                "cannot mount {image}: {e}; `tally fsck {image}` shows the damage, `tally fsck \
+                 --salvage --force {image}` keeps what is safe and drops the rest",
+                image = image.display()
+            );
+            return notify.failed(&bad(text));
+        }
         Err(e @ (tally_fs::FsError::Corrupted(_) | tally_fs::FsError::Log(_))) => {
             let text = format!("cannot mount {} (is it a Tally image?): {e}", image.display());
             return notify.failed(&bad(text));

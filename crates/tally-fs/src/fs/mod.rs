@@ -76,6 +76,11 @@ pub struct MountOptions {
     pub mutant: Option<FsMutant>,
     /// A deliberately broken variant of the log underneath.
     pub log_mutant: Option<tally_log::Mutant>,
+    /// Mount even when the log proves a durable transaction damaged or missing, keeping the
+    /// longest safe prefix ([`MountReport::damage`] says what was dropped). Without it such a
+    /// log fails the mount with [`tally_log::LogError::DurableTransactionLost`]. Only for
+    /// `tally fsck --salvage --force`.
+    pub salvage: bool,
 }
 
 /// Data bytes held in memory until durable before the file system makes them durable itself.
@@ -123,7 +128,7 @@ pub struct Fs {
 }
 
 /// How a mount went.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct MountReport {
     /// The state came from a clean-unmount snapshot (no scan, no replay).
     pub from_snapshot: bool,
@@ -138,6 +143,8 @@ pub struct MountReport {
     /// Time from the start of mount to the state being ready.
     #[serde(serialize_with = "crate::fs::secs")]
     pub time: std::time::Duration,
+    /// Transactions proven durable that a salvage mount dropped (empty otherwise).
+    pub damage: Vec<tally_log::Damage>,
 }
 
 fn secs<S: serde::Serializer>(
@@ -205,7 +212,11 @@ impl Fs {
             return Err(FsError::Invalid("mutants need the `mutants` feature"));
         }
         let started = std::time::Instant::now();
-        let log_opts = OpenOptions { mutant: opts.log_mutant };
+        let log_opts = OpenOptions {
+            mutant: opts.log_mutant,
+            salvage: opts.salvage,
+            ..OpenOptions::default()
+        };
         let (mut log, mut recovery) = Log::open(dev.clone(), log_opts)?;
         let mut report = MountReport::default();
         let mut from_snapshot = None;
@@ -221,6 +232,7 @@ impl Fs {
             }
         }
         report.blocks_read = recovery.blocks_scanned;
+        report.damage = std::mem::take(&mut recovery.damage);
         let mut st = match from_snapshot {
             Some(st) => {
                 report.from_snapshot = true;
@@ -276,7 +288,7 @@ impl Fs {
     /// How the mount went (snapshot or scan, blocks read, time).
     #[must_use]
     pub fn mount_report(&self) -> MountReport {
-        self.report
+        self.report.clone()
     }
 
     /// Make everything durable and unmount, writing a snapshot of the DRAM state so the next

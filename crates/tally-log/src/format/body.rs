@@ -7,7 +7,7 @@
 //! ..  record_count × { u32 len, len bytes }
 //! ```
 
-use super::codec::{Reader, Writer};
+use super::codec::{Appender, Cursor, Truncated};
 use crate::error::corrupted;
 use crate::Result;
 
@@ -41,6 +41,10 @@ pub struct Body {
 impl Body {
     /// Bytes the encoded body takes.
     #[must_use]
+    #[expect(
+        clippy::arithmetic_side_effects,
+        reason = "sizes of vectors in memory, each entry encoded in at most its size plus 4 bytes"
+    )]
     pub fn encoded_len(&self) -> usize {
         BODY_HEADER_SIZE
             + self.deps.len() * DEP_SIZE
@@ -48,30 +52,30 @@ impl Body {
             + self.records.iter().map(|r| RECORD_LEN_SIZE + r.len()).sum::<usize>()
     }
 
-    /// Encode. Counts must fit their fields (the transaction builder bounds them).
+    /// Encode.
+    ///
+    /// # Panics
+    /// If a count does not fit its field: the transaction builder bounds them (a bug otherwise).
     #[must_use]
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = vec![0u8; self.encoded_len()];
-        let mut w = Writer::new(&mut out);
-        w.u16(0, self.deps.len() as u16);
-        w.u32(4, self.data_crcs.len() as u32);
-        w.u32(8, self.records.len() as u32);
-        let mut at = BODY_HEADER_SIZE;
+        let mut a = Appender::with_capacity(self.encoded_len());
+        a.u16(count(self.deps.len()));
+        a.u16(0);
+        a.u32(count(self.data_crcs.len()));
+        a.u32(count(self.records.len()));
+        a.u32(0);
         for d in &self.deps {
-            w.u16(at, d.stream);
-            w.u64(at + 8, d.seq);
-            at += DEP_SIZE;
+            a.u16(d.stream);
+            a.put(&[0; 6]);
+            a.u64(d.seq);
         }
         for &crc in &self.data_crcs {
-            w.u32(at, crc);
-            at += 4;
+            a.u32(crc);
         }
         for r in &self.records {
-            w.u32(at, r.len() as u32);
-            w.put(at + RECORD_LEN_SIZE, r);
-            at += RECORD_LEN_SIZE + r.len();
+            a.bytes_len32(r);
         }
-        out
+        a.into_vec()
     }
 
     /// Decode, checking every count against the bytes present.
@@ -80,48 +84,56 @@ impl Body {
     /// [`crate::LogError::Corrupted`] when the bytes do not form a body.
     pub fn decode(bytes: &[u8], block_no: u64) -> Result<Body> {
         let bad = |reason: &str| corrupted("transaction body", block_no, reason);
-        let r = Reader::new(bytes);
-        let dep_count = r.u16(0).ok_or_else(|| bad("truncated header"))? as usize;
-        let data_count = r.u32(4).ok_or_else(|| bad("truncated header"))? as usize;
-        let record_count = r.u32(8).ok_or_else(|| bad("truncated header"))? as usize;
-        if !r.zeros(2, 2) || !r.zeros(12, 4) {
+        let short = |reason: &'static str| move |_: Truncated| bad(reason);
+        let mut c = Cursor::new(bytes);
+        let dep_count = c.u16().map_err(short("truncated header"))?;
+        let reserved = c.u16().map_err(short("truncated header"))?;
+        let data_count = c.u32().map_err(short("truncated header"))?;
+        let record_count = c.u32().map_err(short("truncated header"))?;
+        if reserved != 0 || c.u32().map_err(short("truncated header"))? != 0 {
             return Err(bad("reserved bytes are not zero"));
         }
         // Bound counts by the bytes present before allocating anything.
-        let fixed = BODY_HEADER_SIZE + dep_count * DEP_SIZE + data_count.saturating_mul(4);
-        if fixed > bytes.len() || record_count.saturating_mul(RECORD_LEN_SIZE) > bytes.len() {
+        let entries =
+            |n: u32, size: usize| usize::try_from(n).ok().and_then(|n| n.checked_mul(size));
+        let fixed = entries(u32::from(dep_count), DEP_SIZE)
+            .zip(entries(data_count, 4))
+            .and_then(|(d, c)| d.checked_add(c));
+        let records_min = entries(record_count, RECORD_LEN_SIZE);
+        if fixed.is_none_or(|n| n > c.remaining()) || records_min.is_none_or(|n| n > c.remaining())
+        {
             return Err(bad("counts exceed the body"));
         }
-        let mut at = BODY_HEADER_SIZE;
-        let mut deps = Vec::with_capacity(dep_count);
+        let mut deps = Vec::with_capacity(usize::from(dep_count));
         for _ in 0..dep_count {
-            if !r.zeros(at + 2, 6) {
+            let stream = c.u16().map_err(short("truncated dependency"))?;
+            let reserved = c.take(6).map_err(short("truncated dependency"))?;
+            if reserved.iter().any(|&b| b != 0) {
                 return Err(bad("reserved dependency bytes are not zero"));
             }
-            let stream = r.u16(at).ok_or_else(|| bad("truncated dependency"))?;
-            let seq = r.u64(at + 8).ok_or_else(|| bad("truncated dependency"))?;
+            let seq = c.u64().map_err(short("truncated dependency"))?;
             deps.push(TxId { stream, seq });
-            at += DEP_SIZE;
         }
-        let mut data_crcs = Vec::with_capacity(data_count);
-        for _ in 0..data_count {
-            data_crcs.push(r.u32(at).ok_or_else(|| bad("truncated data table"))?);
-            at += 4;
-        }
-        let mut records = Vec::with_capacity(record_count);
+        let data_crcs = (0..data_count).map(|_| c.u32()).collect::<Result<Vec<u32>, _>>();
+        let data_crcs = data_crcs.map_err(short("truncated data table"))?;
+        let mut records = Vec::with_capacity(usize::try_from(record_count).unwrap_or(0));
         for _ in 0..record_count {
-            let len = r.u32(at).ok_or_else(|| bad("truncated record"))? as usize;
-            let start = at + RECORD_LEN_SIZE;
-            let end = start.checked_add(len).filter(|&e| e <= bytes.len());
-            let end = end.ok_or_else(|| bad("record longer than the body"))?;
-            records.push(bytes[start..end].to_vec());
-            at = end;
+            let record = c.bytes_len32().map_err(short("record longer than the body"))?;
+            records.push(record.to_vec());
         }
-        if at != bytes.len() {
+        if !c.at_end() {
             return Err(bad("bytes after the last record"));
         }
         Ok(Body { deps, data_crcs, records })
     }
+}
+
+/// `n` in a count field of type `T`.
+fn count<T: TryFrom<usize>>(n: usize) -> T {
+    let Ok(v) = T::try_from(n) else {
+        panic!("count {n} does not fit its field");
+    };
+    v
 }
 
 #[cfg(test)]

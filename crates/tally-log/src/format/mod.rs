@@ -3,15 +3,25 @@
 //!
 //! Every structure is encoded by hand, little-endian, with magic bytes, a version, reserved
 //! bytes written as zero and checked, and a crc32c. Decoders never panic: short or hostile
-//! bytes come back as [`crate::LogError::Corrupted`].
+//! bytes come back as [`crate::LogError::Corrupted`]. Indexing, unchecked arithmetic and
+//! truncating casts are denied here: each exception says why it cannot fail.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::indexing_slicing,
+        clippy::arithmetic_side_effects,
+        clippy::cast_possible_truncation
+    )
+)]
 
 pub mod body;
 pub mod codec;
+pub mod snapshot;
 pub mod superblock;
 pub mod unit;
 
 /// Format version written by this code and the only one it reads.
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
 
 /// crc32c over `parts`, seeded with the image's uuid so that blocks of another image (or bytes a
 /// user wrote that imitate a unit) never pass the check.

@@ -6,11 +6,12 @@
 //!   so a torn update leaves the other copy intact;
 //! - the valid copy with the highest generation is the superblock.
 
+use std::collections::BTreeSet;
 use std::io::{ErrorKind, Read, Seek, SeekFrom};
 
 use tally_media::MediaError;
 
-use super::codec::{Reader, Writer};
+use super::codec::{tiles, Cursor, Reader, Writer};
 use super::{crc_seeded, FORMAT_VERSION};
 use crate::error::corrupted;
 use crate::{LogError, Result};
@@ -50,9 +51,46 @@ pub mod stream_off {
     pub const EPOCH: usize = 24;
     pub const BASE_SEQ: usize = 32;
     pub const RESUME_SEQ: usize = 40;
+    /// Sequence numbers of this stream below it may have been written; none at or above it.
+    pub const SEQ_LIMIT: usize = 48;
     /// Reserved, zero (and 28..32).
-    pub const RESERVED: usize = 48;
+    pub const RESERVED: usize = 56;
 }
+const _: () = assert!(tiles(
+    &[
+        (off::MAGIC, SB_MAGIC.len()),
+        (off::VERSION, 2),
+        (off::STREAM_COUNT, 2),
+        (off::BLOCK_SIZE, 4),
+        (off::BLOCK_COUNT, 8),
+        (off::GENERATION, 8),
+        (off::UUID, 16),
+        (off::SEGMENT_BLOCKS, 4),
+        (off::SEGMENT_COUNT, 4),
+        (off::FIRST_SEGMENT_BLOCK, 8),
+        (off::CRC, 4),
+        (off::FLAGS, 4),
+        (off::SNAPSHOT_SEGMENT, 4),
+        (off::RESERVED, SB_STREAMS_OFFSET - off::RESERVED),
+    ],
+    SB_STREAMS_OFFSET
+));
+const _: () = assert!(tiles(
+    &[
+        (stream_off::CHECKPOINT_SEQ, 8),
+        (stream_off::CHECKPOINT_EPOCH, 4),
+        (stream_off::CHECKPOINT_SEGMENT, 4),
+        (stream_off::CHECKPOINT_OFFSET, 4),
+        (stream_off::CHECKPOINT_NEXT_SEGMENT, 4),
+        (stream_off::EPOCH, 4),
+        (stream_off::EPOCH + 4, 4),
+        (stream_off::BASE_SEQ, 8),
+        (stream_off::RESUME_SEQ, 8),
+        (stream_off::SEQ_LIMIT, 8),
+        (stream_off::RESERVED, SB_STREAM_SIZE - stream_off::RESERVED),
+    ],
+    SB_STREAM_SIZE
+));
 /// Blocks holding the two superblock copies.
 pub const SB_BLOCKS: [u64; 2] = [0, 1];
 
@@ -76,6 +114,11 @@ pub struct StreamRoot {
     pub base_seq: u64,
     /// First sequence number used in `epoch`.
     pub resume_seq: u64,
+    /// Every sequence number ever written on this stream is below this: the running epoch
+    /// assigns numbers in `resume_seq..seq_limit` and raises the limit durably before it
+    /// passes it, so the next recovery can start above anything that may lie on the device,
+    /// seen or not (a number is never reused, so a dependency names one transaction).
+    pub seq_limit: u64,
 }
 
 /// The decoded superblock.
@@ -109,12 +152,22 @@ impl Superblock {
     /// Most streams a superblock of `block_size` bytes can describe.
     #[must_use]
     pub fn stream_count_max(block_size: u32) -> usize {
-        (block_size as usize - SB_STREAMS_OFFSET) / SB_STREAM_SIZE
+        usize::try_from(block_size).map_or(0, |bs| bs.saturating_sub(SB_STREAMS_OFFSET))
+            / SB_STREAM_SIZE
     }
 
     /// Encode into one block of `self.block_size` bytes.
+    ///
+    /// # Panics
+    /// If the streams do not fit the block (the log never has more than `stream_count_max`).
     #[must_use]
+    #[expect(
+        clippy::arithmetic_side_effects,
+        clippy::cast_possible_truncation,
+        reason = "offsets and count of at most stream_count_max entries, all inside one block"
+    )]
     pub fn encode(&self) -> Vec<u8> {
+        assert!(self.streams.len() <= Self::stream_count_max(self.block_size));
         let mut block = vec![0u8; self.block_size as usize];
         let mut w = Writer::new(&mut block);
         w.put(off::MAGIC, &SB_MAGIC);
@@ -141,8 +194,9 @@ impl Superblock {
             w.u32(base + stream_off::EPOCH, s.epoch);
             w.u64(base + stream_off::BASE_SEQ, s.base_seq);
             w.u64(base + stream_off::RESUME_SEQ, s.resume_seq);
+            w.u64(base + stream_off::SEQ_LIMIT, s.seq_limit);
         }
-        let crc = crc_seeded(&self.uuid, &[&block[..off::CRC], &block[off::CRC + 4..]]);
+        let crc = sb_crc(&self.uuid, &block);
         Writer::new(&mut block).u32(off::CRC, crc);
         block
     }
@@ -158,9 +212,10 @@ impl Superblock {
             return Err(bad("bad magic".into()));
         }
         let field = |v: Option<u64>| v.ok_or_else(|| bad("truncated".into()));
+        let field32 = |v: Option<u32>| v.ok_or_else(|| bad("truncated".into()));
         let uuid = r.array::<16>(off::UUID).ok_or_else(|| bad("truncated".into()))?;
-        let crc_stored = field(r.u32(off::CRC).map(u64::from))? as u32;
-        let crc = crc_seeded(&uuid, &[&bytes[..off::CRC], &bytes[off::CRC + 4..]]);
+        let crc_stored = field32(r.u32(off::CRC))?;
+        let crc = sb_crc(&uuid, bytes);
         if crc != crc_stored {
             return Err(bad(format!("crc {crc_stored:#010x} != computed {crc:#010x}")));
         }
@@ -170,27 +225,31 @@ impl Superblock {
                 "format version {version}, this build reads {FORMAT_VERSION}"
             )));
         }
-        if !r.zeros(off::RESERVED, SB_STREAMS_OFFSET - off::RESERVED) {
+        if !r.zeros(off::RESERVED, const { SB_STREAMS_OFFSET - off::RESERVED }) {
             return Err(bad("reserved header bytes are not zero".into()));
         }
-        let block_size = field(r.u32(off::BLOCK_SIZE).map(u64::from))? as u32;
-        if block_size as usize != bytes.len() {
+        let block_size = field32(r.u32(off::BLOCK_SIZE))?;
+        if usize::try_from(block_size).ok() != Some(bytes.len()) {
             return Err(bad(format!("block size {block_size} but copy is {} bytes", bytes.len())));
         }
-        let stream_count = field(r.u16(off::STREAM_COUNT).map(u64::from))? as usize;
+        let stream_count =
+            usize::from(r.u16(off::STREAM_COUNT).ok_or_else(|| bad("truncated".into()))?);
         if stream_count == 0 || stream_count > Self::stream_count_max(block_size) {
             return Err(bad(format!("stream count {stream_count} out of range")));
         }
         let mut streams = Vec::with_capacity(stream_count);
+        // The entries, one after another: the count is at most what the block holds.
+        let mut entries = Cursor::new(bytes.get(SB_STREAMS_OFFSET..).unwrap_or_default());
         for i in 0..stream_count {
-            let base = SB_STREAMS_OFFSET + i * SB_STREAM_SIZE;
-            if !r.zeros(base + 28, 4)
-                || !r.zeros(base + stream_off::RESERVED, SB_STREAM_SIZE - stream_off::RESERVED)
+            let entry = entries.take(SB_STREAM_SIZE).map_err(|_| bad("truncated".into()))?;
+            let e = Reader::new(entry);
+            if !e.zeros(const { stream_off::EPOCH + 4 }, 4)
+                || !e.zeros(stream_off::RESERVED, const { SB_STREAM_SIZE - stream_off::RESERVED })
             {
                 return Err(bad(format!("reserved bytes of stream {i} are not zero")));
             }
-            let u32_at = |o: usize| field(r.u32(base + o).map(u64::from)).map(|v| v as u32);
-            let u64_at = |o: usize| field(r.u64(base + o));
+            let u32_at = |o: usize| field32(e.u32(o));
+            let u64_at = |o: usize| field(e.u64(o));
             streams.push(StreamRoot {
                 checkpoint_seq: u64_at(stream_off::CHECKPOINT_SEQ)?,
                 checkpoint_epoch: u32_at(stream_off::CHECKPOINT_EPOCH)?,
@@ -200,14 +259,14 @@ impl Superblock {
                 epoch: u32_at(stream_off::EPOCH)?,
                 base_seq: u64_at(stream_off::BASE_SEQ)?,
                 resume_seq: u64_at(stream_off::RESUME_SEQ)?,
+                seq_limit: u64_at(stream_off::SEQ_LIMIT)?,
             });
         }
-        let rest = SB_STREAMS_OFFSET + stream_count * SB_STREAM_SIZE;
-        if !r.zeros(rest, bytes.len() - rest) {
+        if entries.rest().iter().any(|&b| b != 0) {
             return Err(bad("bytes after the last stream are not zero".into()));
         }
-        let flags = field(r.u32(off::FLAGS).map(u64::from))? as u32;
-        let snapshot_segment = field(r.u32(off::SNAPSHOT_SEGMENT).map(u64::from))? as u32;
+        let flags = field32(r.u32(off::FLAGS))?;
+        let snapshot_segment = field32(r.u32(off::SNAPSHOT_SEGMENT))?;
         let snapshot = match flags {
             0 if snapshot_segment == 0 => None,
             SB_FLAG_SNAPSHOT => Some(snapshot_segment),
@@ -219,8 +278,8 @@ impl Superblock {
             uuid,
             block_size,
             block_count: field(r.u64(off::BLOCK_COUNT))?,
-            segment_blocks: field(r.u32(off::SEGMENT_BLOCKS).map(u64::from))? as u32,
-            segment_count: field(r.u32(off::SEGMENT_COUNT).map(u64::from))? as u32,
+            segment_blocks: field32(r.u32(off::SEGMENT_BLOCKS))?,
+            segment_count: field32(r.u32(off::SEGMENT_COUNT))?,
             first_segment_block: field(r.u64(off::FIRST_SEGMENT_BLOCK))?,
             streams,
         };
@@ -251,8 +310,17 @@ impl Superblock {
             {
                 return Err(format!("stream {i} root points outside the log"));
             }
-            if s.resume_seq <= s.base_seq {
+            if s.resume_seq <= s.base_seq || s.seq_limit < s.resume_seq {
                 return Err(format!("stream {i} sequence numbers are inconsistent"));
+            }
+        }
+        // Chains are disjoint: no two roots (nor the snapshot) name the same segment.
+        let mut named = BTreeSet::new();
+        let roots =
+            self.streams.iter().flat_map(|s| [s.checkpoint_segment, s.checkpoint_next_segment]);
+        for seg in roots.chain(self.snapshot) {
+            if !named.insert(seg) {
+                return Err(format!("segment {seg} is named by two stream roots or the snapshot"));
             }
         }
         Ok(())
@@ -261,8 +329,18 @@ impl Superblock {
     /// First block of `segment`.
     #[must_use]
     pub fn segment_start(&self, segment: u32) -> u64 {
-        self.first_segment_block + u64::from(segment) * u64::from(self.segment_blocks)
+        // Exact for every segment of the log (`validate` checked that they fit the device); a
+        // segment past it saturates to a block no device has, so a read of it fails.
+        let offset = u64::from(segment).saturating_mul(u64::from(self.segment_blocks));
+        self.first_segment_block.saturating_add(offset)
     }
+}
+
+/// crc32c, seeded with `uuid`, of a superblock copy without its crc field.
+fn sb_crc(uuid: &[u8; 16], block: &[u8]) -> u32 {
+    let before = block.get(..off::CRC).unwrap_or_default();
+    let after = block.get(off::FLAGS..).unwrap_or_default();
+    crc_seeded(uuid, &[before, after])
 }
 
 /// Smallest block size [`probe_block_size`] accepts.
@@ -325,8 +403,9 @@ fn header_block_size<R: Read + Seek>(reader: &mut R, offset: u64) -> Result<Opti
 
 /// Whether the copy in block `block` of a `bs`-byte geometry decodes.
 fn decodes<R: Read + Seek>(reader: &mut R, block: u64, bs: u32) -> Result<bool> {
-    let mut buf = vec![0u8; bs as usize];
-    Ok(read_at(reader, block * u64::from(bs), &mut buf)? && Superblock::decode(&buf, block).is_ok())
+    let mut buf = vec![0u8; usize::try_from(bs).unwrap_or(0)];
+    let offset = block.saturating_mul(u64::from(bs));
+    Ok(read_at(reader, offset, &mut buf)? && Superblock::decode(&buf, block).is_ok())
 }
 
 /// Fill `buf` from `offset`; `false` if the reader ends first.
@@ -345,6 +424,17 @@ mod tests {
     use super::*;
 
     pub(crate) fn sample() -> Superblock {
+        let root = StreamRoot {
+            checkpoint_seq: 3,
+            checkpoint_epoch: 1,
+            checkpoint_segment: 0,
+            checkpoint_offset: 5,
+            checkpoint_next_segment: 1,
+            epoch: 2,
+            base_seq: 4,
+            resume_seq: 6,
+            seq_limit: 1 << 20,
+        };
         Superblock {
             generation: 7,
             uuid: [9; 16],
@@ -354,17 +444,8 @@ mod tests {
             segment_count: 15,
             first_segment_block: 2,
             streams: vec![
-                StreamRoot {
-                    checkpoint_seq: 3,
-                    checkpoint_epoch: 1,
-                    checkpoint_segment: 0,
-                    checkpoint_offset: 5,
-                    checkpoint_next_segment: 1,
-                    epoch: 2,
-                    base_seq: 4,
-                    resume_seq: 6,
-                };
-                2
+                root,
+                StreamRoot { checkpoint_segment: 4, checkpoint_next_segment: 2, ..root },
             ],
             snapshot: Some(3),
         }

@@ -6,7 +6,7 @@
 //! checked alone; a transaction is committed iff all its units decode with the same identity and
 //! every data block matches the crc the body lists for it (count-based commit: no commit record).
 
-use super::codec::{Reader, Writer};
+use super::codec::{tiles, Reader, Writer};
 use super::{crc_seeded, FORMAT_VERSION};
 use crate::error::corrupted;
 use crate::Result;
@@ -35,6 +35,28 @@ pub mod off {
     pub const PAYLOAD_LEN: usize = 56;
     pub const CRC: usize = 60;
 }
+
+const _: () = assert!(tiles(
+    &[
+        (off::MAGIC, UNIT_MAGIC.len()),
+        (off::VERSION, 2),
+        (off::KIND, 1),
+        (off::FLAGS, 1),
+        (off::STREAM, 2),
+        (off::RESERVED, 2),
+        (off::EPOCH, 4),
+        (off::SEQ, 8),
+        (off::PREV_SEQ, 8),
+        (off::UNIT_INDEX, 4),
+        (off::UNIT_COUNT, 4),
+        (off::DATA_COUNT, 4),
+        (off::NEXT_SEGMENT, 4),
+        (off::DURABLE_WATERMARK, 8),
+        (off::PAYLOAD_LEN, 4),
+        (off::CRC, 4),
+    ],
+    UNIT_HEADER_SIZE
+));
 
 /// What a unit block is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +103,7 @@ pub struct UnitHeader {
 impl UnitHeader {
     /// Blocks of the transaction's span (units, data, commit block).
     #[must_use]
+    #[expect(clippy::arithmetic_side_effects, reason = "two u32 counts and one: below 2^33")]
     pub fn span_blocks(&self) -> u64 {
         u64::from(self.unit_count)
             + u64::from(self.data_count)
@@ -98,7 +121,7 @@ impl UnitHeader {
 
     /// Encode this header and `payload` into `block` (one whole block) and seal it with the crc.
     pub fn encode_into(&self, uuid: &[u8; 16], payload: &[u8], block: &mut [u8]) {
-        assert!(UNIT_HEADER_SIZE + payload.len() <= block.len(), "payload exceeds the unit");
+        assert!(payload_capacity_of(block.len()) >= payload.len(), "payload exceeds the unit");
         assert_eq!(payload.len(), self.payload_len as usize);
         block.fill(0);
         let mut w = Writer::new(block);
@@ -170,28 +193,39 @@ impl UnitHeader {
         if header.flags & !FLAG_CLASSIC != 0 {
             return Err(bad("unknown flags"));
         }
-        if header.unit_count == 0 || header.seq <= header.prev_seq {
+        // A seq of u64::MAX is never written (the stream's reservation ends below it), and its
+        // successor could not be numbered.
+        if header.unit_count == 0 || header.seq <= header.prev_seq || header.seq == u64::MAX {
             return Err(bad("impossible transaction shape"));
         }
-        let payload_end = UNIT_HEADER_SIZE
-            .checked_add(header.payload_len as usize)
-            .filter(|&end| end <= block.len())
+        let payload = usize::try_from(header.payload_len)
+            .ok()
+            .and_then(|len| UNIT_HEADER_SIZE.checked_add(len))
+            .and_then(|end| block.get(UNIT_HEADER_SIZE..end))
             .ok_or_else(|| bad("payload longer than the unit"))?;
-        if !r.zeros(payload_end, block.len() - payload_end) {
+        if !r.zeros_from(UNIT_HEADER_SIZE.saturating_add(payload.len())) {
             return Err(bad("bytes after the payload are not zero"));
         }
-        Ok((header, &block[UNIT_HEADER_SIZE..payload_end]))
+        Ok((header, payload))
     }
 }
 
 /// Payload bytes one unit of `block_size` bytes can carry.
 #[must_use]
 pub fn payload_capacity(block_size: u32) -> usize {
-    block_size as usize - UNIT_HEADER_SIZE
+    payload_capacity_of(usize::try_from(block_size).unwrap_or(usize::MAX))
 }
 
+fn payload_capacity_of(block_len: usize) -> usize {
+    block_len.saturating_sub(UNIT_HEADER_SIZE)
+}
+
+/// crc32c, seeded with `uuid`, of `block` without its crc field, the header's last (the caller
+/// read the field, so the block is at least a header long).
 fn unit_crc(uuid: &[u8; 16], block: &[u8]) -> u32 {
-    crc_seeded(uuid, &[&block[..off::CRC], &block[off::CRC + 4..]])
+    let before = block.get(..off::CRC).unwrap_or_default();
+    let after = block.get(UNIT_HEADER_SIZE..).unwrap_or_default();
+    crc_seeded(uuid, &[before, after])
 }
 
 #[cfg(test)]
