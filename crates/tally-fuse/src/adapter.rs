@@ -2,9 +2,14 @@
 //!
 //! Invariants:
 //! - the adapter keeps no file-system state of its own: no inode table, no lookup counts, no
-//!   buffered data. Inode numbers are the file system's; a file handle is a number unique for
-//!   the mount (it names the owner of a transaction, `txns.rs`), and an open handle is a pin
-//!   ([`Fs::open`]) released by `release`/`releasedir`;
+//!   buffered data (only a hint about the kernel's page cache, [`TallyFuse::patchy`]). Inode
+//!   numbers are the file system's; a file handle is a number unique for the mount (it names
+//!   the owner of a transaction, `txns.rs`), and an open handle is a pin ([`Fs::open`])
+//!   released by `release`/`releasedir`;
+//! - the kernel may cache what it is given for a day, so it is never left believing what the
+//!   file system no longer holds: every change it does not make itself through a request (an
+//!   abort; a write dropping a set-user-ID bit) is invalidated before the request that made
+//!   it returns;
 //! - every changing request runs in the caller's transaction when it is bound to one
 //!   ([`TallyFuse::change`]), and as a plain operation otherwise;
 //! - every failure reaches the kernel through [`errno`], the one mapping;
@@ -14,27 +19,30 @@
 //! - permission checks are the kernel's (`default_permissions` is always on); the adapter passes
 //!   the caller's uid and gid as the owner of what it creates.
 
+use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
     Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    IoctlFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use tally_client::ioctl;
 use tally_fs::{Attr, FallocFlags, Fs, FsError, Maintenance, Owner, SetAttr, Txn, XattrSet};
 
-use crate::attr::{file_attr, file_type, mknod_kind, perm, set_time, timespec};
+use crate::attr::{absent_attr, file_attr, file_type, mknod_kind, perm, set_time, timespec};
 use crate::errno::{errno, Failure};
+use crate::privs::truncate_drops_bits;
 use crate::requests::{Opcode, RequestCounts};
-use crate::txns::{End, Txns};
+use crate::session::MountConfig;
+use crate::txns::{End, FuseMutant, Txns};
 
 /// How the last unmount of the file system went.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,14 +64,35 @@ pub(crate) type OutcomeSlot = Arc<Mutex<Option<Unmounted>>>;
 const FALLOC_KEEP_SIZE: i32 = 0x01;
 const FALLOC_PUNCH_HOLE: i32 = 0x02;
 
+/// How regular files are opened: `close` sends no `FLUSH` (there is nothing to flush: every
+/// write is a transaction when it returns, and a transaction an open file owns ends at
+/// `RELEASE`, which the kernel still sends), and their pages stay cached from one open to the
+/// next (the kernel sees every change to them, and an abort drops them itself) — unless the
+/// file is [`TallyFuse::patchy`].
+const FILE_OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE.union(FopenFlags::FOPEN_NOFLUSH);
+
+/// How directories are opened: the kernel may keep their listings (dropped when the
+/// directory changes through the mount, or by an abort's invalidation).
+const DIR_OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE.union(FopenFlags::FOPEN_CACHE_DIR);
+
 /// The file system as the kernel sees it.
 pub struct TallyFuse {
     /// `None` once `destroy` has unmounted it.
     fs: Option<Arc<Fs>>,
     /// Background durability and cleaning while mounted; stopped before unmount.
     maintenance: Option<Maintenance>,
-    /// How long the kernel may cache attributes and entries.
-    ttl: Duration,
+    /// How long the kernel may cache attributes.
+    attr_timeout: Duration,
+    /// How long the kernel may cache names.
+    entry_timeout: Duration,
+    /// How long the kernel may remember absent names (zero: `ENOENT`, not remembered).
+    negative_timeout: Duration,
+    /// The kernel leaves the dropping of set-user-ID bits and capabilities to the file system
+    /// (`FUSE_HANDLE_KILLPRIV_V2`, set at `init`).
+    drops_privs: bool,
+    /// Set once the session exists: how the adapter tells the kernel what it changed behind
+    /// its back.
+    notifier: Arc<OnceLock<Notifier>>,
     /// Set after a panic inside the file system: every later request fails with `EIO`.
     stopped: AtomicBool,
     outcome: OutcomeSlot,
@@ -73,34 +102,50 @@ pub struct TallyFuse {
     next_fh: AtomicU64,
     /// Requests received, by opcode.
     requests: Arc<RequestCounts>,
+    /// Files the kernel's cache holds with gaps: written in pieces that split a page, which
+    /// the kernel then keeps out of date (it never reads a page in to write part of it). Read
+    /// from a cache it keeps, such a file costs a 4 KiB READ per gap; the next open of it
+    /// drops its pages instead, so it is read whole in large READs. An inode leaves the set at
+    /// that open, or when the kernel forgets it (its pages go with it).
+    patchy: Mutex<HashSet<u64>>,
+    /// The kernel's page size.
+    page_size: u64,
+    /// A deliberately broken variant, if any (`mutants` feature).
+    mutant: Option<FuseMutant>,
 }
 
 impl TallyFuse {
-    /// Serve `fs`, running its maintenance every `maintenance_interval`; a plain request
-    /// waits at most `txn_wait` for a transaction holding what it changes, then gets `EBUSY`.
+    /// Serve `fs` as `cfg` says: its cache timeouts, its maintenance interval, and how long a
+    /// plain request waits for a transaction holding what it changes before it gets `EBUSY`.
     pub(crate) fn new(
         fs: Fs,
-        ttl: Duration,
-        maintenance_interval: Duration,
-        txn_wait: Duration,
+        cfg: &MountConfig,
         txns: Txns,
         outcome: OutcomeSlot,
         requests: Arc<RequestCounts>,
+        notifier: Arc<OnceLock<Notifier>>,
     ) -> TallyFuse {
         // A request waiting for a transaction holds one of a few request threads; unbounded,
         // enough of them would leave none for the transaction's own requests, and its commit.
-        fs.set_txn_wait_max(Some(txn_wait));
+        fs.set_txn_wait_max(Some(cfg.txn_wait));
         let fs = Arc::new(fs);
-        let maintenance = Some(Maintenance::spawn(&fs, maintenance_interval));
+        let maintenance = Some(Maintenance::spawn(&fs, cfg.maintenance_interval));
         TallyFuse {
             fs: Some(fs),
             maintenance,
-            ttl,
+            attr_timeout: cfg.attr_timeout,
+            entry_timeout: cfg.entry_timeout,
+            negative_timeout: cfg.negative_timeout,
+            drops_privs: false,
+            notifier,
             stopped: AtomicBool::new(false),
             outcome,
             txns,
             next_fh: AtomicU64::new(1),
             requests,
+            patchy: Mutex::default(),
+            page_size: page_size(),
+            mutant: cfg.mutant,
         }
     }
 
@@ -122,6 +167,10 @@ impl TallyFuse {
             b.touch(inodes, entries);
         }
         self.call(op, |fs| f(fs, txn))
+    }
+
+    fn patchy(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+        self.patchy.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A new file handle.
@@ -191,8 +240,23 @@ impl TallyFuse {
 
     fn reply_entry(&self, reply: ReplyEntry, result: Result<FileAttr, Errno>) {
         match result {
-            Ok(attr) => reply.entry(&self.ttl, &attr, Generation(0)),
+            Ok(attr) => {
+                reply.entry_with_ttls(&self.attr_timeout, &self.entry_timeout, &attr, Generation(0))
+            }
             Err(e) => reply.error(e),
+        }
+    }
+
+    /// Tell the kernel that `ino`'s attributes changed behind its back (its pages are left).
+    fn attributes_changed(&self, ino: u64) {
+        if self.mutant == Some(FuseMutant::KeepCachedMode) {
+            return;
+        }
+        let Some(notifier) = self.notifier.get() else { return };
+        // A negative offset: the attributes only. Safe inside a request: it takes no lock
+        // the request's caller may hold (pages are not touched).
+        if let Err(e) = notifier.inval_inode(INodeNo(ino), -1, 0) {
+            tracing::warn!(ino, "invalidating attributes: {e}");
         }
     }
 
@@ -235,6 +299,13 @@ impl TallyFuse {
     }
 }
 
+/// The kernel's page size (4 KiB where it cannot be read).
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(size).ok().filter(|&s| s > 0).unwrap_or(4096)
+}
+
 /// The caller, as the owner of what it creates.
 fn owner(req: &Request) -> Owner {
     Owner { uid: req.uid(), gid: req.gid() }
@@ -246,11 +317,37 @@ fn name(n: &OsStr) -> &[u8] {
 
 impl Filesystem for TallyFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // Lookups and creates in one directory may run in parallel: the file system orders
-        // them itself. Older kernels without it are served all the same.
-        if config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS).is_err() {
-            tracing::info!("kernel without FUSE_PARALLEL_DIROPS: directory operations serialised");
+        // Each is asked for alone: an older kernel without one is served all the same.
+        let wanted = [
+            // Lookups and creates in one directory may run in parallel: the file system
+            // orders them itself.
+            (InitFlags::FUSE_PARALLEL_DIROPS, "directory operations serialised"),
+            // A listing carries every entry's attributes: no LOOKUP per name after it. Auto:
+            // the kernel asks for them while it is also looking names up.
+            (InitFlags::FUSE_DO_READDIRPLUS, "a lookup per listed name"),
+            (InitFlags::FUSE_READDIRPLUS_AUTO, "every listing carries attributes"),
+            // The file system drops set-user-ID bits and capabilities on write, truncate and
+            // chown; the kernel then marks inodes S_NOSEC and stops asking
+            // getxattr("security.capability") before each write.
+            (InitFlags::FUSE_HANDLE_KILLPRIV_V2, "a getxattr before writes"),
+            // Symlink targets never change: the kernel may keep them.
+            (InitFlags::FUSE_CACHE_SYMLINKS, "a readlink per symlink resolution"),
+        ];
+        for (flag, without) in wanted {
+            if config.add_capabilities(flag).is_err() {
+                tracing::info!("the kernel does not offer {flag:?}: {without}");
+            }
         }
+        self.drops_privs = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2).is_ok();
+        // fuser asks for the largest writes its buffers take (16 MiB) and for FUSE_MAX_PAGES;
+        // the kernel caps every request at fs.fuse.max_pages_limit pages (root may raise it).
+        let limit = std::fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit")
+            .map_or_else(|_| "?".to_owned(), |s| s.trim().to_owned());
+        tracing::info!(
+            drops_privs = self.drops_privs,
+            "FUSE ABI {:?}; requests up to fs.fuse.max_pages_limit = {limit} pages",
+            config.kernel_abi()
+        );
         Ok(())
     }
 
@@ -268,18 +365,30 @@ impl Filesystem for TallyFuse {
     fn lookup(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         self.requests.count(Opcode::Lookup);
         let r = self.call("lookup", |fs| Ok(Self::attr_of(fs, &fs.lookup(parent.0, name(n))?)));
-        self.reply_entry(reply, r);
+        match r {
+            // An entry for inode 0 is the kernel's negative entry: "no such name", remembered
+            // for its timeout (an ENOENT error is not remembered at all).
+            Err(e) if e.code() == libc::ENOENT && !self.negative_timeout.is_zero() => reply
+                .entry_with_ttls(
+                    &Duration::ZERO,
+                    &self.negative_timeout,
+                    &absent_attr(),
+                    Generation(0),
+                ),
+            r => self.reply_entry(reply, r),
+        }
     }
 
-    fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
         // The file system keeps no lookup counts: inode numbers stay valid while it lives.
         self.requests.count(Opcode::Forget);
+        self.patchy().remove(&ino.0);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         self.requests.count(Opcode::Getattr);
         match self.call("getattr", |fs| Ok(Self::attr_of(fs, &fs.getattr(ino.0)?))) {
-            Ok(attr) => reply.attr(&self.ttl, &attr),
+            Ok(attr) => reply.attr(&self.attr_timeout, &attr),
             Err(e) => reply.error(e),
         }
     }
@@ -313,10 +422,20 @@ impl Filesystem for TallyFuse {
             ctime: ctime.map(timespec),
         };
         let r = self.change(req, "setattr", &[ino.0], &[], |fs, tx| {
-            Ok(Self::attr_of(fs, &fs.setattr(tx, ino.0, &set)?))
+            let a = if self.drops_privs && (uid.is_some() || gid.is_some() || size.is_some()) {
+                // A truncate drops the bits only for a caller without CAP_FSETID (the kernel
+                // says so in FATTR_KILL_SUIDGID, which fuser does not pass on); a chown
+                // drops them whoever asks.
+                let bits =
+                    size.is_some() && truncate_drops_bits(fs.getattr(ino.0)?.perm, req.pid());
+                fs.setattr_dropping_privs(tx, ino.0, &set, bits)?
+            } else {
+                fs.setattr(tx, ino.0, &set)?
+            };
+            Ok(Self::attr_of(fs, &a))
         });
         match r {
-            Ok(attr) => reply.attr(&self.ttl, &attr),
+            Ok(attr) => reply.attr(&self.attr_timeout, &attr),
             Err(e) => reply.error(e),
         }
     }
@@ -449,7 +568,13 @@ impl Filesystem for TallyFuse {
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         self.requests.count(Opcode::Open);
         match self.call("open", |fs| Ok(fs.open(ino.0)?)) {
-            Ok(()) => reply.opened(self.fh(), FopenFlags::empty()),
+            Ok(()) => {
+                let mut flags = FILE_OPEN_FLAGS;
+                if self.patchy().remove(&ino.0) {
+                    flags.remove(FopenFlags::FOPEN_KEEP_CACHE);
+                }
+                reply.opened(self.fh(), flags);
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -480,17 +605,36 @@ impl Filesystem for TallyFuse {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         self.requests.count(Opcode::Write);
-        match self
-            .change(req, "write", &[ino.0], &[], |fs, tx| Ok(fs.write(tx, ino.0, offset, data)?))
-        {
-            // A write is at most the kernel's max_write (far below 4 GiB).
-            Ok(n) => reply.written(u32::try_from(n).unwrap_or(u32::MAX)),
+        // Set by the kernel when the writer lacks CAP_FSETID.
+        let bits = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        if !offset.is_multiple_of(self.page_size) {
+            // The page at `offset` is written in two pieces (this one and an earlier one, or
+            // none: a hole): the kernel keeps it out of date.
+            self.patchy().insert(ino.0);
+        }
+        let r = self.change(req, "write", &[ino.0], &[], |fs, tx| {
+            if self.drops_privs {
+                Ok(fs.write_dropping_privs(tx, ino.0, offset, data, bits)?)
+            } else {
+                Ok((fs.write(tx, ino.0, offset, data)?, false))
+            }
+        });
+        match r {
+            Ok((n, perm_dropped)) => {
+                // The kernel keeps the mode it cached (it drops only sizes and times after a
+                // write) and checks permissions, exec's set-user-ID included, against it.
+                if perm_dropped {
+                    self.attributes_changed(ino.0);
+                }
+                // A write is at most the kernel's max_write (far below 4 GiB).
+                reply.written(u32::try_from(n).unwrap_or(u32::MAX));
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -505,7 +649,8 @@ impl Filesystem for TallyFuse {
     ) {
         self.requests.count(Opcode::Flush);
         // Nothing is buffered here: every write is already a committed transaction. close()
-        // does not make data durable on Tally, as on ext4; fsync does.
+        // does not make data durable on Tally, as on ext4; fsync does. (Only kernels that
+        // ignore FOPEN_NOFLUSH send this.)
         reply.ok();
     }
 
@@ -542,7 +687,7 @@ impl Filesystem for TallyFuse {
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         self.requests.count(Opcode::Opendir);
         match self.call("opendir", |fs| Ok(fs.open(ino.0)?)) {
-            Ok(()) => reply.opened(self.fh(), FopenFlags::empty()),
+            Ok(()) => reply.opened(self.fh(), DIR_OPEN_FLAGS),
             Err(e) => reply.error(e),
         }
     }
@@ -568,6 +713,49 @@ impl Filesystem for TallyFuse {
                         OsStr::from_bytes(&e.name),
                     );
                     if full {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        self.requests.count(Opcode::Readdirplus);
+        // As readdir, with each entry's attributes: the kernel makes an entry of each ("." and
+        // ".." excepted), so no LOOKUP follows for a listed name.
+        let r = self.call("readdirplus", |fs| {
+            let mut out = Vec::new();
+            for e in fs.readdir(ino.0, offset)? {
+                let attr = match e.name.as_slice() {
+                    b"." | b".." => fs.lookup(ino.0, &e.name),
+                    _ => fs.getattr(e.ino),
+                };
+                match attr {
+                    Ok(a) => out.push((e, Self::attr_of(fs, &a))),
+                    // Gone since the listing was taken: left out.
+                    Err(FsError::NotFound) => {}
+                    Err(other) => return Err(other.into()),
+                }
+            }
+            Ok(out)
+        });
+        match r {
+            Ok(entries) => {
+                // One timeout for the entry and the attributes here.
+                let ttl = self.attr_timeout.min(self.entry_timeout);
+                for (e, attr) in entries {
+                    let name = OsStr::from_bytes(&e.name);
+                    if reply.add(INodeNo(e.ino), e.offset, name, &ttl, &attr, Generation(0)) {
                         break;
                     }
                 }
@@ -707,7 +895,9 @@ impl Filesystem for TallyFuse {
         });
         match r {
             Ok(attr) => {
-                reply.created(&self.ttl, &attr, Generation(0), self.fh(), FopenFlags::empty())
+                // One timeout for the entry and the attributes here.
+                let ttl = self.attr_timeout.min(self.entry_timeout);
+                reply.created(&ttl, &attr, Generation(0), self.fh(), FILE_OPEN_FLAGS)
             }
             Err(e) => reply.error(e),
         }
@@ -863,17 +1053,10 @@ mod tests {
         let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 16384).unwrap());
         Fs::mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
         let fs = Fs::mount(dev, MountOptions::default()).unwrap();
-        let (second, minute) = (Duration::from_secs(1), Duration::from_secs(60));
-        let requests = Arc::default();
-        TallyFuse::new(
-            fs,
-            second,
-            minute,
-            second,
-            Txns::default(),
-            OutcomeSlot::default(),
-            requests,
-        )
+        let cfg =
+            MountConfig { maintenance_interval: Duration::from_secs(60), ..Default::default() };
+        let (requests, notifier) = (Arc::default(), Arc::default());
+        TallyFuse::new(fs, &cfg, Txns::default(), OutcomeSlot::default(), requests, notifier)
     }
 
     #[test]

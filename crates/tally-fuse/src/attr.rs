@@ -103,6 +103,27 @@ pub(crate) fn file_attr(a: &Attr, allocated: u64, block_size: u32) -> FileAttr {
     }
 }
 
+/// The attributes of a negative entry (inode 0): none, the kernel reads only the inode number.
+pub(crate) fn absent_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,15 +8,29 @@
 //!
 //! What the kernel is asked to do:
 //! - **permission checks** (`default_permissions`, always on): the library checks none;
-//! - **attribute and entry caching** for [`MountConfig::ttl`] (1 s by default): every change
-//!   goes through this mount, and the kernel drops what a change makes stale, so the cache is
-//!   only ever behind for changes made without the kernel — none today;
+//! - **caching, long** (a day by default: [`MountConfig::attr_timeout`], `entry_timeout`,
+//!   `negative_timeout`): attributes, names, absent names, directory listings
+//!   (`FOPEN_CACHE_DIR`), symlink targets (`FUSE_CACHE_SYMLINKS`), and file pages from one
+//!   open to the next (`FOPEN_KEEP_CACHE`). Every change goes through the mount and the kernel
+//!   drops what it makes stale itself; the adapter tells it about the only changes it does not
+//!   see (an abort, and a write that drops a set-user-ID bit: `adapter.rs`, `txns.rs`). A file
+//!   written in pieces that split pages is opened without its cached pages once, so it is read
+//!   whole rather than a page per gap;
+//! - **listings with attributes** (`READDIRPLUS`): no `LOOKUP` per listed name;
+//! - **no `FLUSH` at close** (`FOPEN_NOFLUSH`): every write is a transaction when it returns,
+//!   and the kernel still sends `RELEASE`, which ends a transaction its open file owns;
+//! - **privileges dropped by the file system** (`FUSE_HANDLE_KILLPRIV_V2`): Tally takes
+//!   set-user-ID and set-group-ID bits and `security.capability` on write, truncate and chown
+//!   (`privs.rs`), and the kernel stops asking `getxattr("security.capability")` before
+//!   every write;
 //! - **no writeback cache**: a `write` reaches the file system before it returns, so each write
 //!   is a transaction and `fsync` has nothing of the kernel's to flush first. With it, the
 //!   kernel would send dirty pages later, merged and in its own order, and a barrier or an
 //!   explicit transaction could no longer say which writes it covers;
 //! - **several request threads** ([`MountConfig::threads`], one `/dev/fuse` clone each):
 //!   `fsync`s wait for the device in parallel while other requests are served.
+//!
+//! Requests are counted by opcode ([`Mounted::requests`]; logged at unmount and on `SIGUSR1`).
 //!
 //! **Transactions for unmodified programs**: the ioctls of the `tally-client` crate (and
 //! `include/tally.h`) on any open file or directory of the mount begin a transaction bound to
@@ -51,6 +65,7 @@
 mod adapter;
 mod attr;
 mod errno;
+mod privs;
 mod requests;
 mod session;
 mod txns;

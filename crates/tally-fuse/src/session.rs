@@ -28,11 +28,18 @@ pub struct MountConfig {
     pub allow_other: bool,
     /// Threads reading requests from the kernel.
     pub threads: usize,
-    /// How long the kernel may cache attributes and directory entries. Short, because the
-    /// file system can change under the cache only through the mount itself; an aborted
-    /// transaction rolls changes back behind the kernel's back, and drops what it changed from
-    /// the kernel's caches itself.
-    pub ttl: Duration,
+    /// How long the kernel may trust attributes it was given (`-o attr_timeout=S`). Long:
+    /// every change goes through the mount, which tells the kernel what a change makes stale
+    /// (the kernel drops it itself, or the adapter notifies it: an abort, privileges dropped
+    /// by a write).
+    pub attr_timeout: Duration,
+    /// How long the kernel may trust a name it looked up (`-o entry_timeout=S`). Long, for
+    /// the same reason.
+    pub entry_timeout: Duration,
+    /// How long the kernel may remember that a name does not exist (`-o negative_timeout=S`;
+    /// 0: not at all). Long: a name comes into being only through the kernel (which replaces
+    /// its negative entry) or by an abort (which the adapter notifies).
+    pub negative_timeout: Duration,
     /// How long a request outside transactions waits for one holding what it changes before
     /// it gets `EBUSY` (`-o txn_wait_ms=N`). Bounded, because a waiting request holds one of
     /// the [`MountConfig::threads`] the transaction's own requests need.
@@ -52,7 +59,9 @@ impl Default for MountConfig {
         MountConfig {
             allow_other: false,
             threads: std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)),
-            ttl: Duration::from_secs(1),
+            attr_timeout: CACHE_TIMEOUT_DEFAULT,
+            entry_timeout: CACHE_TIMEOUT_DEFAULT,
+            negative_timeout: CACHE_TIMEOUT_DEFAULT,
             txn_wait: Duration::from_millis(100),
             mutant: None,
             maintenance_interval: Duration::from_secs(5),
@@ -62,6 +71,15 @@ impl Default for MountConfig {
     }
 }
 
+/// How long the kernel caches attributes, names and absent names unless told otherwise: a
+/// day, as virtiofsd's `cache=always` (the cache is never wrong for longer than a change it
+/// was not told about, and there is none).
+pub const CACHE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(86_400);
+
+/// The longest timeout `-o attr_timeout=` and its kin accept (a year): the kernel counts in
+/// jiffies, and nothing is gained beyond.
+const CACHE_TIMEOUT_MAX: Duration = Duration::from_secs(365 * 86_400);
+
 /// Kernel mount flags passed through unchanged.
 const PASSED_THROUGH: &[&str] = &[
     "dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "sync", "async",
@@ -70,7 +88,9 @@ const PASSED_THROUGH: &[&str] = &[
 
 /// Apply a comma-separated `-o` list to `cfg`. `default_permissions` is accepted and always
 /// on (the adapter checks no permissions itself); `allow_other` opens the mount to every user;
-/// `allow_root` is taken as `allow_other` (root passes the kernel's checks anyway).
+/// `allow_root` is taken as `allow_other` (root passes the kernel's checks anyway);
+/// `attr_timeout=S`, `entry_timeout=S` and `negative_timeout=S` (seconds, fractions allowed,
+/// as libfuse has them) set how long the kernel caches.
 ///
 /// # Errors
 /// An unknown or unsupported option, named.
@@ -86,17 +106,32 @@ pub fn parse_options(list: &str, cfg: &mut MountConfig) -> Result<(), String> {
                     .map_err(|_| format!("{o:?}: txn_wait_ms takes milliseconds, e.g. 100"))?;
                 cfg.txn_wait = Duration::from_millis(ms);
             }
+            o if o.starts_with("attr_timeout=") => cfg.attr_timeout = timeout(o)?,
+            o if o.starts_with("entry_timeout=") => cfg.entry_timeout = timeout(o)?,
+            o if o.starts_with("negative_timeout=") => cfg.negative_timeout = timeout(o)?,
             o if PASSED_THROUGH.contains(&o) => cfg.options.push(o.to_owned()),
             o => {
                 return Err(format!(
                     "unknown mount option {o:?} (known: default_permissions, allow_other, \
-                     txn_wait_ms=N, {})",
+                     txn_wait_ms=N, attr_timeout=S, entry_timeout=S, negative_timeout=S, {})",
                     PASSED_THROUGH.join(", ")
                 ))
             }
         }
     }
     Ok(())
+}
+
+/// The seconds of a `NAME=S` cache timeout option.
+fn timeout(opt: &str) -> Result<Duration, String> {
+    let (name, value) = opt.split_once('=').unwrap_or((opt, ""));
+    let max = CACHE_TIMEOUT_MAX.as_secs();
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && (0.0..=max as f64).contains(s))
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("{opt:?}: {name} takes seconds from 0 to {max}, e.g. 1 or 0.5"))
 }
 
 fn mount_option(o: &str) -> MountOption {
@@ -144,15 +179,8 @@ pub fn mount(fs: Fs, dir: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
     let notifier = Arc::new(OnceLock::new());
     let txns = Txns::new(notifier.clone(), cfg.mutant);
     let requests = Arc::new(RequestCounts::default());
-    let adapter = TallyFuse::new(
-        fs,
-        cfg.ttl,
-        cfg.maintenance_interval,
-        cfg.txn_wait,
-        txns,
-        outcome.clone(),
-        requests.clone(),
-    );
+    let adapter =
+        TallyFuse::new(fs, cfg, txns, outcome.clone(), requests.clone(), notifier.clone());
     let mut options = vec![
         MountOption::FSName(cfg.fsname.clone()),
         MountOption::Subtype("tally".into()),
@@ -302,6 +330,17 @@ mod tests {
         assert!(cfg.allow_other);
         assert_eq!(cfg.txn_wait, Duration::from_millis(7));
         assert!(parse_options("txn_wait_ms=soon", &mut cfg).is_err());
+        assert_eq!(cfg.attr_timeout, CACHE_TIMEOUT_DEFAULT);
+        parse_options("attr_timeout=1,entry_timeout=0.5,negative_timeout=0", &mut cfg).unwrap();
+        assert_eq!(cfg.attr_timeout, Duration::from_secs(1));
+        assert_eq!(cfg.entry_timeout, Duration::from_millis(500));
+        assert_eq!(cfg.negative_timeout, Duration::ZERO);
+        for bad in
+            ["attr_timeout=", "entry_timeout=-1", "negative_timeout=NaN", "attr_timeout=1e99"]
+        {
+            let e = parse_options(bad, &mut cfg).unwrap_err();
+            assert!(e.contains("seconds"), "{e}");
+        }
         assert_eq!(cfg.options, ["noatime"]);
         assert!(parse_options("ro", &mut cfg).is_err());
         let e = parse_options("bogus", &mut cfg).unwrap_err();

@@ -39,6 +39,9 @@ pub enum FuseMutant {
     /// Abort undoes the transaction but leaves the kernel's caches alone: attributes and pages
     /// cached before the abort are shown until they expire.
     NoInvalidation,
+    /// A write that drops a file's set-user-ID bit leaves the kernel's cached mode alone: the
+    /// kernel goes on checking permissions, and running the file, with the bit.
+    KeepCachedMode,
 }
 
 /// Longest parent chain followed when looking for a tree's root (deeper callers are outside).

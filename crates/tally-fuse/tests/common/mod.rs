@@ -91,7 +91,7 @@ impl Scratch {
     }
 
     /// Mount the image through the kernel with `cfg`, served on a thread.
-    fn serve(&self, cfg: &MountConfig) -> Served {
+    pub fn serve(&self, cfg: &MountConfig) -> Served {
         let fs = Fs::mount(device(&self.image()), MountOptions::default()).unwrap();
         let mounted = tally_fuse::mount(fs, &self.dir(), cfg).unwrap();
         let requests = mounted.requests();
