@@ -263,6 +263,9 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<State> {
                     let kind = FileKind::from_code(code).ok_or_else(|| bad("entry kind"))?;
                     let cookie = r.u64()?;
                     let ver = r.u64()?;
+                    if cookie < crate::state::FIRST_COOKIE || cookie == u64::MAX {
+                        return Err(bad("entry cookie"));
+                    }
                     dir.insert(name, Dentry { ino, kind, cookie, ver });
                 }
                 dir.next_cookie = dir.next_cookie.max(next_cookie);

@@ -95,7 +95,9 @@ impl Dir {
         if let Some(old) = self.entries.get(&name) {
             self.order.remove(&old.cookie);
         }
-        self.next_cookie = self.next_cookie.max(d.cookie + 1);
+        // Saturating: a cookie read from the device may be the largest (replay refuses it; a
+        // forged snapshot must not panic here).
+        self.next_cookie = self.next_cookie.max(d.cookie.saturating_add(1));
         self.order.insert(d.cookie, name.clone());
         self.entries.insert(name, d);
     }
@@ -304,8 +306,13 @@ impl State {
         for (rec, tx, data_start, data_count) in inodes.into_iter().chain(children) {
             let key = Key::of(&rec);
             st.count(&key);
-            st.next_ver = st.next_ver.max(rec.ver() + 1);
-            st.next_ino = st.next_ino.max(key.owner() + 1);
+            // Bytes from the device: a version or inode number at its maximum has no successor.
+            let after = |v: u64, what: &str| {
+                v.checked_add(1)
+                    .ok_or_else(|| FsError::Corrupted(format!("{what} {v} in a record")))
+            };
+            st.next_ver = st.next_ver.max(after(rec.ver(), "version")?);
+            st.next_ino = st.next_ino.max(after(key.owner(), "inode number")?);
             let superseded =
                 freed_at.get(&key.owner()).is_some_and(|&f| f > rec.ver() && key != Key::Fs);
             if superseded {
@@ -371,6 +378,12 @@ impl State {
                     d.remove(&name);
                     self.tombs.insert(key, ver);
                 } else {
+                    // `.` and `..` take cookies 1 and 2; a cookie needs a successor for the next.
+                    if cookie < FIRST_COOKIE || cookie == u64::MAX {
+                        return Err(FsError::Corrupted(format!(
+                            "entry {name:?} with cookie {cookie}"
+                        )));
+                    }
                     d.insert(name, Dentry { ino, kind, cookie, ver });
                     self.tombs.remove(&key);
                 }

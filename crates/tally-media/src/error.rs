@@ -27,7 +27,7 @@ pub enum MediaError {
         source: io::Error,
     },
     /// A request names blocks past the end of the device.
-    #[error("request for blocks {block}..{} is past the end of the device ({block_count} blocks)", block + u64::from(*count))]
+    #[error("request for blocks {block}..{} is past the end of the device ({block_count} blocks)", block.saturating_add(u64::from(*count)))]
     OutOfRange {
         /// First block of the request.
         block: u64,
