@@ -7,6 +7,8 @@
 //!
 //! Decoding never panics: every length is checked and a bad record is an error.
 
+use tally_log::format::codec::{Appender, Cursor, Truncated};
+
 use crate::types::{Attr, FileKind, Ino, Timespec};
 use crate::{FsError, Result};
 
@@ -113,71 +115,77 @@ impl Record {
     }
 
     /// Encode.
+    ///
+    /// # Panics
+    /// If a name, target or value is longer than its length field allows: the file system
+    /// refuses those before it writes a record (a bug otherwise).
     #[must_use]
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(96);
+        let mut a = Appender::with_capacity(96);
         match self {
             Record::Fs { ver, block_size } => {
-                out.push(TAG_FS);
-                out.extend_from_slice(&ver.to_le_bytes());
-                out.extend_from_slice(&FS_MAGIC);
-                out.extend_from_slice(&FS_VERSION.to_le_bytes());
-                out.extend_from_slice(&block_size.to_le_bytes());
+                a.u8(TAG_FS);
+                a.u64(*ver);
+                a.put(&FS_MAGIC);
+                a.u32(FS_VERSION);
+                a.u32(*block_size);
             }
             Record::Inode { ver, attr, target } => {
-                out.push(TAG_INODE);
-                out.extend_from_slice(&ver.to_le_bytes());
-                out.extend_from_slice(&attr.ino.to_le_bytes());
-                out.push(attr.kind.code());
-                out.extend_from_slice(&attr.perm.to_le_bytes());
-                out.extend_from_slice(&attr.uid.to_le_bytes());
-                out.extend_from_slice(&attr.gid.to_le_bytes());
-                out.extend_from_slice(&attr.nlink.to_le_bytes());
-                out.extend_from_slice(&attr.size.to_le_bytes());
-                out.extend_from_slice(&attr.rdev.to_le_bytes());
+                a.u8(TAG_INODE);
+                a.u64(*ver);
+                a.u64(attr.ino);
+                a.u8(attr.kind.code());
+                a.u16(attr.perm);
+                a.u32(attr.uid);
+                a.u32(attr.gid);
+                a.u32(attr.nlink);
+                a.u64(attr.size);
+                a.u64(attr.rdev);
                 for t in [attr.atime, attr.mtime, attr.ctime, attr.crtime] {
-                    out.extend_from_slice(&t.sec.to_le_bytes());
-                    out.extend_from_slice(&t.nsec.to_le_bytes());
+                    a.put(&t.sec.to_le_bytes());
+                    a.u32(t.nsec);
                 }
-                out.extend_from_slice(&(target.len() as u16).to_le_bytes());
-                out.extend_from_slice(target);
+                a.u16(len16(target));
+                a.put(target);
             }
             Record::Free { ver, ino } => {
-                out.push(TAG_FREE);
-                out.extend_from_slice(&ver.to_le_bytes());
-                out.extend_from_slice(&ino.to_le_bytes());
+                a.u8(TAG_FREE);
+                a.u64(*ver);
+                a.u64(*ino);
             }
             Record::Dentry { ver, dir, name, ino, kind, cookie } => {
-                out.push(TAG_DENTRY);
-                out.extend_from_slice(&ver.to_le_bytes());
-                out.extend_from_slice(&dir.to_le_bytes());
-                out.extend_from_slice(&ino.to_le_bytes());
-                out.push(kind.code());
-                out.extend_from_slice(&cookie.to_le_bytes());
-                out.push(name.len() as u8);
-                out.extend_from_slice(name);
+                a.u8(TAG_DENTRY);
+                a.u64(*ver);
+                a.u64(*dir);
+                a.u64(*ino);
+                a.u8(kind.code());
+                a.u64(*cookie);
+                a.bytes_len8(name);
             }
             Record::Extent { ver, ino, block, data, crc } => {
-                out.push(TAG_EXTENT);
-                out.extend_from_slice(&ver.to_le_bytes());
-                out.extend_from_slice(&ino.to_le_bytes());
-                out.extend_from_slice(&block.to_le_bytes());
-                out.extend_from_slice(&data.to_le_bytes());
-                out.extend_from_slice(&crc.to_le_bytes());
+                a.u8(TAG_EXTENT);
+                a.u64(*ver);
+                a.u64(*ino);
+                a.u64(*block);
+                a.u32(*data);
+                a.u32(*crc);
             }
             Record::Xattr { ver, ino, name, value } => {
-                out.push(TAG_XATTR);
-                out.extend_from_slice(&ver.to_le_bytes());
-                out.extend_from_slice(&ino.to_le_bytes());
-                out.push(u8::from(value.is_some()));
-                out.push(name.len() as u8);
+                a.u8(TAG_XATTR);
+                a.u64(*ver);
+                a.u64(*ino);
+                a.u8(u8::from(value.is_some()));
                 let v = value.as_deref().unwrap_or(&[]);
-                out.extend_from_slice(&(v.len() as u16).to_le_bytes());
-                out.extend_from_slice(name);
-                out.extend_from_slice(v);
+                let Ok(name_len) = u8::try_from(name.len()) else {
+                    panic!("extended attribute name of {} bytes", name.len());
+                };
+                a.u8(name_len);
+                a.u16(len16(v));
+                a.put(name);
+                a.put(v);
             }
         }
-        out
+        a.into_vec()
     }
 
     /// Decode one record.
@@ -185,7 +193,7 @@ impl Record {
     /// # Errors
     /// [`FsError::Corrupted`] for anything the format does not allow.
     pub fn decode(bytes: &[u8]) -> Result<Record> {
-        let mut c = Cursor { bytes, at: 0 };
+        let mut c = Cursor::new(bytes);
         let tag = c.u8()?;
         let ver = c.u64()?;
         let rec = match tag {
@@ -203,7 +211,7 @@ impl Record {
             }
             TAG_INODE => {
                 let ino = c.u64()?;
-                let kind = c.kind()?;
+                let kind = kind(&mut c)?;
                 let perm = c.u16()?;
                 let uid = c.u32()?;
                 let gid = c.u32()?;
@@ -212,7 +220,7 @@ impl Record {
                 let rdev = c.u64()?;
                 let mut times = [Timespec::default(); 4];
                 for t in &mut times {
-                    let sec = c.u64()? as i64;
+                    let sec = i64::from_le_bytes(c.array()?);
                     let nsec = c.u32()?;
                     if nsec >= 1_000_000_000 {
                         return Err(bad("nanoseconds out of range"));
@@ -245,10 +253,9 @@ impl Record {
             TAG_DENTRY => {
                 let dir = c.u64()?;
                 let ino = c.u64()?;
-                let kind = c.kind()?;
+                let kind = kind(&mut c)?;
                 let cookie = c.u64()?;
-                let len = usize::from(c.u8()?);
-                let name = c.take(len)?.to_vec();
+                let name = c.bytes_len8()?.to_vec();
                 if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
                     return Err(bad("directory entry with an illegal name"));
                 }
@@ -277,7 +284,7 @@ impl Record {
             }
             other => return Err(FsError::Corrupted(format!("unknown record tag {other}"))),
         };
-        if c.at != bytes.len() {
+        if !c.at_end() {
             return Err(bad("trailing bytes after a record"));
         }
         Ok(rec)
@@ -288,40 +295,26 @@ fn bad(what: &str) -> FsError {
     FsError::Corrupted(what.to_string())
 }
 
-struct Cursor<'a> {
-    bytes: &'a [u8],
-    at: usize,
+/// The records' and the snapshot's decoders read through the shared codec: bytes that end
+/// before a field, or a length or count that reaches past them, are corruption.
+impl From<Truncated> for FsError {
+    fn from(_: Truncated) -> Self {
+        bad("a record or snapshot is shorter than its fields")
+    }
 }
 
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
-        let end = end.ok_or_else(|| bad("record shorter than its fields"))?;
-        let out = &self.bytes[self.at..end];
-        self.at = end;
-        Ok(out)
-    }
-    fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
-        let mut out = [0u8; N];
-        out.copy_from_slice(self.take(N)?);
-        Ok(out)
-    }
-    fn u8(&mut self) -> Result<u8> {
-        Ok(self.array::<1>()?[0])
-    }
-    fn u16(&mut self) -> Result<u16> {
-        Ok(u16::from_le_bytes(self.array()?))
-    }
-    fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.array()?))
-    }
-    fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.array()?))
-    }
-    fn kind(&mut self) -> Result<FileKind> {
-        let code = self.u8()?;
-        FileKind::from_code(code).ok_or_else(|| FsError::Corrupted(format!("bad file kind {code}")))
-    }
+/// A length that the file system bounds below 64 KiB before it encodes (a bug otherwise).
+fn len16(b: &[u8]) -> u16 {
+    let Ok(n) = u16::try_from(b.len()) else {
+        panic!("{} bytes behind a u16 length", b.len());
+    };
+    n
+}
+
+/// A file kind code.
+fn kind(c: &mut Cursor<'_>) -> Result<FileKind> {
+    let code = c.u8()?;
+    FileKind::from_code(code).ok_or_else(|| FsError::Corrupted(format!("bad file kind {code}")))
 }
 
 #[cfg(test)]

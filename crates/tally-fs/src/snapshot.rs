@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use tally_log::format::codec::{Appender, Cursor};
 use tally_log::TxId;
 
 use crate::record::Record;
@@ -18,59 +19,35 @@ pub const SNAPSHOT_MAGIC: [u8; 8] = *b"TALLYFSS";
 /// Its format version.
 pub const SNAPSHOT_VERSION: u32 = 1;
 
-struct Out(Vec<u8>);
-
-impl Out {
-    fn u8(&mut self, v: u8) {
-        self.0.push(v);
-    }
-    fn u16(&mut self, v: u16) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn u32(&mut self, v: u32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn u64(&mut self, v: u64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn bytes8(&mut self, b: &[u8]) {
-        self.u8(b.len() as u8);
-        self.0.extend_from_slice(b);
-    }
-    fn bytes32(&mut self, b: &[u8]) {
-        self.u32(b.len() as u32);
-        self.0.extend_from_slice(b);
-    }
-    fn key(&mut self, k: &Key) {
-        match k {
-            Key::Fs => self.u8(0),
-            Key::Inode(i) => {
-                self.u8(1);
-                self.u64(*i);
-            }
-            Key::Dentry(d, n) => {
-                self.u8(2);
-                self.u64(*d);
-                self.bytes8(n);
-            }
-            Key::Block(i, b) => {
-                self.u8(3);
-                self.u64(*i);
-                self.u64(*b);
-            }
-            Key::Xattr(i, n) => {
-                self.u8(4);
-                self.u64(*i);
-                self.bytes8(n);
-            }
+fn put_key(o: &mut Appender, k: &Key) {
+    match k {
+        Key::Fs => o.u8(0),
+        Key::Inode(i) => {
+            o.u8(1);
+            o.u64(*i);
+        }
+        Key::Dentry(d, n) => {
+            o.u8(2);
+            o.u64(*d);
+            o.bytes_len8(n);
+        }
+        Key::Block(i, b) => {
+            o.u8(3);
+            o.u64(*i);
+            o.u64(*b);
+        }
+        Key::Xattr(i, n) => {
+            o.u8(4);
+            o.u64(*i);
+            o.bytes_len8(n);
         }
     }
 }
 
 /// Encode the state. Called with no explicit transaction open and everything durable.
 pub(crate) fn encode(st: &State) -> Vec<u8> {
-    let mut o = Out(Vec::with_capacity(64 + st.inodes.len() * 160));
-    o.0.extend_from_slice(&SNAPSHOT_MAGIC);
+    let mut o = Appender::with_capacity(st.inodes.len().saturating_mul(160).saturating_add(64));
+    o.put(&SNAPSHOT_MAGIC);
     o.u32(SNAPSHOT_VERSION);
     o.u32(st.block_size);
     o.u64(st.fs_ver);
@@ -79,11 +56,11 @@ pub(crate) fn encode(st: &State) -> Vec<u8> {
     // Sorted, so the same state always gives the same bytes.
     let mut inos: Vec<&Ino> = st.inodes.keys().collect();
     inos.sort_unstable();
-    o.u64(inos.len() as u64);
+    o.len_u64(inos.len());
     for inode in inos.into_iter().filter_map(|i| st.inodes.get(i)) {
         let rec = Record::Inode { ver: inode.ver, attr: inode.attr, target: inode.target.clone() };
-        o.bytes32(&rec.encode());
-        o.u64(inode.blocks.len() as u64);
+        o.bytes_len32(&rec.encode());
+        o.len_u64(inode.blocks.len());
         for (&b, block) in &inode.blocks {
             let tx = block.tx.unwrap_or(TxId { stream: 0, seq: 0 });
             o.u64(b);
@@ -99,11 +76,11 @@ pub(crate) fn encode(st: &State) -> Vec<u8> {
                 o.u8(1);
                 o.u64(dir.parent);
                 o.u64(dir.next_cookie);
-                o.u64(dir.entries.len() as u64);
+                o.len_u64(dir.entries.len());
                 let mut names: Vec<(&Vec<u8>, &Dentry)> = dir.entries.iter().collect();
                 names.sort_unstable_by(|a, b| a.0.cmp(b.0));
                 for (name, d) in names {
-                    o.bytes8(name);
+                    o.bytes_len8(name);
                     o.u64(d.ino);
                     o.u8(d.kind.code());
                     o.u64(d.cookie);
@@ -111,34 +88,35 @@ pub(crate) fn encode(st: &State) -> Vec<u8> {
                 }
             }
         }
-        o.u32(inode.xattrs.len() as u32);
+        // At most one per name of at most 255 bytes: far below 2^32.
+        o.u32(u32::try_from(inode.xattrs.len()).unwrap_or(u32::MAX));
         for (name, x) in &inode.xattrs {
-            o.bytes8(name);
-            o.bytes32(&x.value);
+            o.bytes_len8(name);
+            o.bytes_len32(&x.value);
             o.u64(x.ver);
         }
     }
-    o.u64(st.key_count.len() as u64);
+    o.len_u64(st.key_count.len());
     for (k, &c) in sorted(&st.key_count) {
-        o.key(k);
+        put_key(&mut o, k);
         o.u32(c);
     }
-    o.u64(st.ino_count.len() as u64);
+    o.len_u64(st.ino_count.len());
     for (&i, &c) in sorted(&st.ino_count) {
         o.u64(i);
         o.u32(c);
     }
-    o.u64(st.tombs.len() as u64);
+    o.len_u64(st.tombs.len());
     for (k, &v) in sorted(&st.tombs) {
-        o.key(k);
+        put_key(&mut o, k);
         o.u64(v);
     }
-    o.u64(st.freed.len() as u64);
+    o.len_u64(st.freed.len());
     for (&i, &v) in sorted(&st.freed) {
         o.u64(i);
         o.u64(v);
     }
-    o.0
+    o.into_vec()
 }
 
 fn sorted<K: Ord, V>(m: &HashMap<K, V>) -> Vec<(&K, &V)> {
@@ -147,71 +125,19 @@ fn sorted<K: Ord, V>(m: &HashMap<K, V>) -> Vec<(&K, &V)> {
     v
 }
 
-struct In<'a> {
-    b: &'a [u8],
-    at: usize,
-}
-
 fn bad(what: &str) -> FsError {
     FsError::Corrupted(format!("snapshot: {what}"))
 }
 
-impl<'a> In<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|&e| e <= self.b.len())
-            .ok_or_else(|| bad("truncated"))?;
-        let s = &self.b[self.at..end];
-        self.at = end;
-        Ok(s)
-    }
-    fn u8(&mut self) -> Result<u8> {
-        Ok(self.take(1)?[0])
-    }
-    fn u16(&mut self) -> Result<u16> {
-        let mut a = [0u8; 2];
-        a.copy_from_slice(self.take(2)?);
-        Ok(u16::from_le_bytes(a))
-    }
-    fn u32(&mut self) -> Result<u32> {
-        let mut a = [0u8; 4];
-        a.copy_from_slice(self.take(4)?);
-        Ok(u32::from_le_bytes(a))
-    }
-    fn u64(&mut self) -> Result<u64> {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(self.take(8)?);
-        Ok(u64::from_le_bytes(a))
-    }
-    fn bytes8(&mut self) -> Result<Vec<u8>> {
-        let n = usize::from(self.u8()?);
-        Ok(self.take(n)?.to_vec())
-    }
-    fn bytes32(&mut self) -> Result<&'a [u8]> {
-        let n = self.u32()? as usize;
-        self.take(n)
-    }
-    /// A count of items of at least `min` bytes each: never more than the bytes left allow.
-    fn count(&mut self, min: usize) -> Result<usize> {
-        let n = self.u64()?;
-        let left = (self.b.len() - self.at) / min.max(1);
-        usize::try_from(n)
-            .ok()
-            .filter(|&n| n <= left)
-            .ok_or_else(|| bad("count beyond the bytes present"))
-    }
-    fn key(&mut self) -> Result<Key> {
-        Ok(match self.u8()? {
-            0 => Key::Fs,
-            1 => Key::Inode(self.u64()?),
-            2 => Key::Dentry(self.u64()?, self.bytes8()?),
-            3 => Key::Block(self.u64()?, self.u64()?),
-            4 => Key::Xattr(self.u64()?, self.bytes8()?),
-            t => return Err(bad(&format!("key tag {t}"))),
-        })
-    }
+fn key(r: &mut Cursor<'_>) -> Result<Key> {
+    Ok(match r.u8()? {
+        0 => Key::Fs,
+        1 => Key::Inode(r.u64()?),
+        2 => Key::Dentry(r.u64()?, r.bytes_len8()?.to_vec()),
+        3 => Key::Block(r.u64()?, r.u64()?),
+        4 => Key::Xattr(r.u64()?, r.bytes_len8()?.to_vec()),
+        t => return Err(bad(&format!("key tag {t}"))),
+    })
 }
 
 /// Decode a snapshot.
@@ -219,7 +145,7 @@ impl<'a> In<'a> {
 /// # Errors
 /// [`FsError::Corrupted`] for anything the format does not allow.
 pub(crate) fn decode(bytes: &[u8]) -> Result<State> {
-    let mut r = In { b: bytes, at: 0 };
+    let mut r = Cursor::new(bytes);
     if r.take(8)? != SNAPSHOT_MAGIC {
         return Err(bad("magic"));
     }
@@ -235,7 +161,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<State> {
     };
     let n = r.count(4)?;
     for _ in 0..n {
-        let Record::Inode { ver, attr, target } = Record::decode(r.bytes32()?)? else {
+        let Record::Inode { ver, attr, target } = Record::decode(r.bytes_len32()?)? else {
             return Err(bad("inode entry is not an inode record"));
         };
         let mut inode = Inode::new(attr, target, 0);
@@ -257,7 +183,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<State> {
                 let next_cookie = r.u64()?;
                 let ne = r.count(26)?;
                 for _ in 0..ne {
-                    let name = r.bytes8()?;
+                    let name = r.bytes_len8()?.to_vec();
                     let ino = r.u64()?;
                     let code = r.u8()?;
                     let kind = FileKind::from_code(code).ok_or_else(|| bad("entry kind"))?;
@@ -279,8 +205,8 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<State> {
         let nx = r.u32()?;
         let mut xattrs = BTreeMap::new();
         for _ in 0..nx {
-            let name = r.bytes8()?;
-            let value = r.bytes32()?.to_vec();
+            let name = r.bytes_len8()?.to_vec();
+            let value = r.bytes_len32()?.to_vec();
             let ver = r.u64()?;
             xattrs.insert(name, Xattr { value, ver });
         }
@@ -292,7 +218,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<State> {
     let n = r.count(5)?;
     let mut key_count = HashMap::with_capacity(n);
     for _ in 0..n {
-        let k = r.key()?;
+        let k = key(&mut r)?;
         key_count.insert(k, r.u32()?);
     }
     st.key_count = key_count;
@@ -303,7 +229,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<State> {
     }
     let n = r.count(9)?;
     for _ in 0..n {
-        let k = r.key()?;
+        let k = key(&mut r)?;
         st.tombs.insert(k, r.u64()?);
     }
     let n = r.count(16)?;
@@ -311,7 +237,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<State> {
         let i = r.u64()?;
         st.freed.insert(i, r.u64()?);
     }
-    if r.at != bytes.len() {
+    if !r.at_end() {
         return Err(bad("trailing bytes"));
     }
     if st.fs_ver == 0 || st.inodes.get(&crate::types::ROOT).is_none_or(|i| i.dir.is_none()) {
