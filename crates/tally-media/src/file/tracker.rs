@@ -107,6 +107,11 @@ impl Tracker {
         }
     }
 
+    /// The device's first failure, if it has failed.
+    pub(crate) fn first_failure(&self) -> Option<Failure> {
+        self.lock().first_failure.clone()
+    }
+
     /// Issue a ticket for `write_count` writes, unless the device has failed.
     pub(crate) fn begin(&self, write_count: usize) -> Result<Ticket> {
         let mut state = self.lock();

@@ -10,9 +10,15 @@
 //!   into; the reaper removes the `Op` only after reading the SQE's CQE, so no buffer is freed
 //!   or moved while the kernel may still read it (an `IoBuf`'s heap block never moves);
 //! - `ops.table.len() <= in_flight_max <= cq capacity`, so the completion queue cannot overflow;
-//! - lock order: `sq_lock` before `ops`; the reaper takes `ops` only;
+//! - lock order: `sq_lock` before `ops` before the tracker's lock; the reaper takes `ops` only;
 //! - shutdown waits for `ops.table` to empty, then posts a NOP with `SHUTDOWN_USER_DATA`; the
-//!   reaper exits on reading it.
+//!   reaper exits on reading it;
+//! - every wait is bounded: shutdown gives up on writes that make no progress for
+//!   `shutdown_stall_max` (an SQE a failed `io_uring_enter` left behind may never reach the
+//!   kernel), and the reaper gives up after `reap_error_max` failed waits for completions in a
+//!   row. Giving up *abandons* the writes left ([`Shared::abandon`]): the device fails (fail-stop),
+//!   their tickets complete failed so no waiter hangs, and their buffers are leaked, never
+//!   freed, since the kernel may still read them.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -20,7 +26,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use io_uring::{opcode, register::Probe, types, IoUring};
 
@@ -34,6 +40,34 @@ const SHUTDOWN_USER_DATA: u64 = u64::MAX;
 const ENTER_GETEVENTS: u32 = 1;
 /// Attempts at `io_uring_enter` while the kernel answers EAGAIN/EBUSY before giving up.
 const ENTER_BUSY_RETRY_MAX: u32 = 10_000;
+/// How long shutdown waits while no write in flight completes before abandoning them. A write
+/// the kernel accepted completes or fails well within this on a working device.
+const SHUTDOWN_STALL_MAX: Duration = Duration::from_secs(10);
+/// Failed waits for completions in a row (1 ms apart) before the reaper abandons the device.
+const REAP_ERROR_MAX: u32 = 1000;
+
+/// The bounds on waiting (constants, shortened by tests).
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    shutdown_stall_max: Duration,
+    reap_error_max: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { shutdown_stall_max: SHUTDOWN_STALL_MAX, reap_error_max: REAP_ERROR_MAX }
+    }
+}
+
+/// Injected failures of `io_uring_enter`, for the tests of the bounds.
+#[cfg(test)]
+#[derive(Default)]
+struct Faults {
+    /// Submitting fails with EIO (the SQEs stay queued).
+    enter_fails: std::sync::atomic::AtomicBool,
+    /// Waiting for completions fails with EIO.
+    getevents_fails: std::sync::atomic::AtomicBool,
+}
 
 struct Op {
     ticket: Ticket,
@@ -45,6 +79,8 @@ struct Op {
 struct Ops {
     op_next: u64,
     table: HashMap<u64, Op>,
+    /// Set when the writes in flight were abandoned: no write is accepted after it.
+    abandoned: Option<Failure>,
 }
 
 struct Shared {
@@ -57,6 +93,9 @@ struct Shared {
     file: Arc<File>,
     tracker: Arc<Tracker>,
     counters: Arc<Counters>,
+    limits: Limits,
+    #[cfg(test)]
+    faults: Faults,
 }
 
 /// An io_uring with its reaper thread.
@@ -78,6 +117,16 @@ impl Uring {
         counters: Arc<Counters>,
         entries: u32,
     ) -> io::Result<Self> {
+        Self::start_with(file, tracker, counters, entries, Limits::default())
+    }
+
+    fn start_with(
+        file: Arc<File>,
+        tracker: Arc<Tracker>,
+        counters: Arc<Counters>,
+        entries: u32,
+        limits: Limits,
+    ) -> io::Result<Self> {
         let ring = IoUring::new(entries)?;
         let mut probe = Probe::new();
         ring.submitter().register_probe(&mut probe)?;
@@ -93,11 +142,14 @@ impl Uring {
             in_flight_max: sq_capacity.min(cq_capacity).max(1),
             ring,
             sq_lock: Mutex::new(()),
-            ops: Mutex::new(Ops { op_next: 0, table: HashMap::new() }),
+            ops: Mutex::new(Ops { op_next: 0, table: HashMap::new(), abandoned: None }),
             space: Condvar::new(),
             file,
             tracker,
             counters,
+            limits,
+            #[cfg(test)]
+            faults: Faults::default(),
         });
         let reaper_shared = Arc::clone(&shared);
         let reaper = std::thread::Builder::new()
@@ -134,7 +186,8 @@ impl Uring {
         Ok(())
     }
 
-    /// Wait for every write in flight, then stop the reaper. Idempotent.
+    /// Wait for every write in flight, then stop the reaper. Idempotent. Bounded: writes that
+    /// make no progress for `shutdown_stall_max`, or outlive the reaper, are abandoned.
     pub(crate) fn shutdown(&mut self) {
         let Some(reaper) = self.reaper.take() else {
             return;
@@ -148,10 +201,24 @@ impl Uring {
             }
         }
         let mut ops = lock(&shared.ops);
+        let mut left = ops.table.len();
+        let mut progress_at = Instant::now();
         while !ops.table.is_empty() {
-            if reaper.is_finished() {
-                tracing::error!(left = ops.table.len(), "reaper exited with writes in flight");
-                return;
+            if ops.table.len() < left {
+                left = ops.table.len();
+                progress_at = Instant::now();
+            }
+            let stalled = progress_at.elapsed() >= shared.limits.shutdown_stall_max;
+            if stalled || reaper.is_finished() {
+                let why = if stalled {
+                    format!("no write completed in {:?}", shared.limits.shutdown_stall_max)
+                } else {
+                    "the reaper thread exited".to_owned()
+                };
+                tracing::error!(left, "io_uring shutdown: {why}; abandoning the writes in flight");
+                let failure = Failure::other("io_uring shutdown", io::ErrorKind::TimedOut, why);
+                shared.abandon(&mut ops, &failure);
+                break;
             }
             ops = shared
                 .space
@@ -160,13 +227,24 @@ impl Uring {
                 .0;
         }
         drop(ops);
+        if reaper.is_finished() {
+            if reaper.join().is_err() {
+                tracing::error!("the io_uring reaper thread panicked");
+            }
+            return;
+        }
+        let abandoned = lock(&shared.ops).abandoned.is_some();
         let nop = opcode::Nop::new().build().user_data(SHUTDOWN_USER_DATA);
         let posted = {
             let _sq_guard = lock(&shared.sq_lock);
-            // SAFETY: `sq_lock` is held, so no other SubmissionQueue exists; a NOP points at
-            // no memory.
-            let pushed = unsafe { shared.ring.submission_shared().push(&nop) };
-            pushed.is_ok() && shared.enter_submit().is_ok()
+            // SAFETY: `sq_lock` is held, so no other SubmissionQueue exists.
+            let queued = unsafe { shared.ring.submission_shared().len() };
+            // Entering would hand abandoned writes still queued to the kernel: not after the
+            // device failed.
+            // SAFETY: as above; a NOP points at no memory.
+            (!abandoned || queued == 0)
+                && unsafe { shared.ring.submission_shared().push(&nop) }.is_ok()
+                && shared.enter_submit().is_ok()
         };
         if posted {
             if reaper.join().is_err() {
@@ -198,7 +276,13 @@ impl Shared {
         unsubmitted: &mut usize,
     ) -> std::result::Result<(), Failure> {
         let mut ops = lock(&self.ops);
-        while ops.table.len() >= self.in_flight_max {
+        loop {
+            if let Some(failure) = &ops.abandoned {
+                return Err(failure.clone());
+            }
+            if ops.table.len() < self.in_flight_max {
+                break;
+            }
             if *unsubmitted > 0 {
                 // Our own pushed entries count as in flight: hand them to the kernel before
                 // waiting for room, or nothing would ever complete.
@@ -208,7 +292,16 @@ impl Shared {
                 ops = lock(&self.ops);
                 continue;
             }
-            ops = self.space.wait(ops).unwrap_or_else(PoisonError::into_inner);
+            // The ops in the table may be entries a failed enter left queued, which nothing
+            // completes: on a failed device, refuse rather than wait for room.
+            if let Some(failure) = self.tracker.first_failure() {
+                return Err(failure);
+            }
+            ops = self
+                .space
+                .wait_timeout(ops, Duration::from_millis(100))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
         let id = ops.op_next;
         ops.op_next += 1;
@@ -251,6 +344,12 @@ impl Shared {
                 return Ok(());
             }
             self.counters.syscalls(1);
+            #[cfg(test)]
+            if self.faults.enter_fails.load(std::sync::atomic::Ordering::Relaxed) {
+                let failure = Failure::from_errno("io_uring_enter", libc::EIO);
+                self.tracker.fail_stop(&failure);
+                return Err(failure);
+            }
             let error = match self.ring.submit() {
                 Ok(consumed) if consumed > 0 => continue,
                 // Nothing taken: treat like EAGAIN, so this loop cannot spin without bound.
@@ -273,21 +372,40 @@ impl Shared {
         }
     }
 
-    /// The reaper thread: wait for completions and finish their ops until told to stop.
+    /// The reaper thread: wait for completions and finish their ops until told to stop, or
+    /// until waiting has failed `reap_error_max` times in a row (then the device fails and the
+    /// writes in flight are abandoned).
     fn reap(&self) {
         let mut done: Vec<(u64, i32)> = Vec::with_capacity(self.in_flight_max + 1);
+        let mut error_count = 0u32;
         loop {
             // SAFETY: to_submit 0 with GETEVENTS only waits; no argument pointer is passed.
             let entered = unsafe {
                 self.ring.submitter().enter::<libc::sigset_t>(0, 1, ENTER_GETEVENTS, None)
             };
+            #[cfg(test)]
+            let entered = if self.faults.getevents_fails.load(std::sync::atomic::Ordering::Relaxed)
+            {
+                Err(io::Error::from_raw_os_error(libc::EIO))
+            } else {
+                entered
+            };
             if let Err(error) = entered {
-                if error.raw_os_error() != Some(libc::EINTR) {
-                    tracing::error!(%error, "io_uring_enter(GETEVENTS) failed; retrying");
-                    std::thread::sleep(Duration::from_millis(1));
+                if error.raw_os_error() == Some(libc::EINTR) {
+                    continue;
                 }
+                error_count += 1;
+                if error_count >= self.limits.reap_error_max {
+                    let failure = Failure::from_io("io_uring_enter(GETEVENTS)", &error);
+                    tracing::error!(%failure, error_count, "io_uring reaper gives up");
+                    self.abandon(&mut lock(&self.ops), &failure);
+                    return;
+                }
+                tracing::warn!(%error, error_count, "io_uring_enter(GETEVENTS) failed; retrying");
+                std::thread::sleep(Duration::from_millis(1));
                 continue;
             }
+            error_count = 0;
             done.clear();
             {
                 // SAFETY: this thread is the only one that ever creates a CompletionQueue.
@@ -308,12 +426,26 @@ impl Shared {
         }
     }
 
+    /// Give up on every write in `ops.table` (fail-stop): the device fails with `failure`, each
+    /// write's ticket completes failed, and its buffer is leaked — the kernel may still read
+    /// it, so it must never be freed. No write is accepted afterwards.
+    fn abandon(&self, ops: &mut Ops, failure: &Failure) {
+        self.tracker.fail_stop(failure);
+        ops.abandoned.get_or_insert_with(|| failure.clone());
+        for (_, op) in ops.table.drain() {
+            self.tracker.complete(op.ticket, Err(failure.clone()));
+            std::mem::forget(op.data);
+        }
+        self.space.notify_all();
+    }
+
     /// Complete op `id` whose write returned `result`; finish a short write synchronously.
     fn finish(&self, id: u64, result: i32) {
         let op = lock(&self.ops).table.remove(&id);
         self.space.notify_all();
         let Some(op) = op else {
-            tracing::error!(id, "completion for an unknown io_uring op");
+            // Expected only for a write abandoned at a bounded shutdown.
+            tracing::warn!(id, "completion for an unknown (abandoned?) io_uring op");
             return;
         };
         let outcome = match usize::try_from(result) {
@@ -329,5 +461,108 @@ impl Shared {
             ),
         };
         self.tracker.complete(op.ticket, outcome);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering::Relaxed;
+    use std::sync::mpsc;
+
+    /// A ring on a fresh scratch file with short bounds, or `None` where io_uring is unusable
+    /// (said so; the engine's users fall back to the thread pool there).
+    fn ring(tag: &str, limits: Limits) -> Option<(Uring, Arc<Tracker>, std::path::PathBuf)> {
+        let path = std::env::temp_dir().join(format!("tally-uring-{tag}-{}", std::process::id()));
+        let file = Arc::new(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
+                .unwrap(),
+        );
+        file.set_len(1 << 20).unwrap();
+        let tracker = Arc::new(Tracker::new());
+        match Uring::start_with(file, tracker.clone(), Arc::default(), 8, limits) {
+            Ok(uring) => Some((uring, tracker, path)),
+            Err(e) => {
+                eprintln!("skipped: io_uring unusable here: {e}");
+                let _ = std::fs::remove_file(&path);
+                None
+            }
+        }
+    }
+
+    /// Run `f` on a thread; panic if it has not returned within `within`.
+    fn within<T: Send + 'static>(within: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (send, receive) = mpsc::channel();
+        std::thread::spawn(move || send.send(f()).unwrap());
+        receive.recv_timeout(within).expect("still waiting: the wait is unbounded")
+    }
+
+    fn write(tracker: &Tracker, uring: &Uring, offset: u64) -> (Ticket, Result<()>) {
+        let ticket = tracker.begin(1).unwrap();
+        (ticket, uring.submit(ticket, vec![(offset, IoBuf::zeroed(4096))], false))
+    }
+
+    /// A failed `io_uring_enter` leaves the write queued, never seen by the kernel: shutdown
+    /// used to wait for it forever. Now it gives up after the stall bound, the device is
+    /// failed, and the write's ticket completes failed instead of hanging its waiter.
+    #[test]
+    fn shutdown_after_a_failed_enter_is_bounded() {
+        let limits = Limits { shutdown_stall_max: Duration::from_millis(300), reap_error_max: 5 };
+        let Some((mut uring, tracker, path)) = ring("stall", limits) else { return };
+        let (ok, result) = write(&tracker, &uring, 0);
+        result.unwrap();
+        tracker.wait(ok).unwrap();
+        uring.shared.faults.enter_fails.store(true, Relaxed);
+        let (stuck, result) = write(&tracker, &uring, 4096);
+        assert!(result.is_err(), "the injected enter failure is reported");
+        let started = Instant::now();
+        let uring = within(Duration::from_secs(10), move || {
+            uring.shutdown();
+            uring
+        });
+        assert!(started.elapsed() >= limits.shutdown_stall_max, "gave up before the bound");
+        let waited = {
+            let tracker = tracker.clone();
+            within(Duration::from_secs(5), move || tracker.wait(stuck))
+        };
+        assert!(waited.is_err(), "the abandoned write's ticket fails");
+        assert!(tracker.check_alive().is_err(), "the device is failed (fail-stop)");
+        assert!(lock(&uring.shared.ops).abandoned.is_some());
+        assert!(lock(&uring.shared.ops).table.is_empty());
+        drop(uring);
+        let _ = std::fs::remove_file(path);
+    }
+
+    /// Waiting for completions that keeps failing: the reaper used to retry every millisecond
+    /// forever. Now it gives up after `reap_error_max` failures in a row, fails the device and
+    /// exits; later writes are refused and shutdown returns at once.
+    #[test]
+    fn a_reaper_whose_waits_keep_failing_gives_up() {
+        let limits = Limits { shutdown_stall_max: Duration::from_secs(60), reap_error_max: 5 };
+        let Some((mut uring, tracker, path)) = ring("reap", limits) else { return };
+        uring.shared.faults.getevents_fails.store(true, Relaxed);
+        // Wakes the reaper (it was already waiting); its next waits fail.
+        let (first, result) = write(&tracker, &uring, 0);
+        result.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tracker.check_alive().is_ok() {
+            assert!(Instant::now() < deadline, "the reaper never gave up");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = tracker.wait(first);
+        assert!(lock(&uring.shared.ops).abandoned.is_some());
+        assert!(tracker.begin(1).is_err(), "a failed device takes no more writes");
+        let uring = within(Duration::from_secs(5), move || {
+            uring.shutdown();
+            uring
+        });
+        assert!(uring.reaper.is_none());
+        drop(uring);
+        let _ = std::fs::remove_file(path);
     }
 }
