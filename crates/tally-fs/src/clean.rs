@@ -80,7 +80,7 @@ impl Fs {
     /// `EBUSY` while explicit transactions are open, `ENOSPC` when the live records do not fit
     /// (nothing changed by that segment), I/O errors, corrupted records.
     pub fn clean(&self, stream: u16, segments: usize) -> Result<FsCleanReport> {
-        let mut st = lock(&self.state);
+        let mut st = lock(&self.state)?;
         self.clean_locked(&mut st, stream, segments)
     }
 
@@ -373,13 +373,13 @@ impl Fs {
     /// I/O errors (the file system is then read-only).
     pub fn maintain(&self) -> Result<MaintainReport> {
         let mut report = MaintainReport::default();
-        let dirty = !lock(&self.state).cached.is_empty();
+        let dirty = !lock(&self.state)?.cached.is_empty();
         if dirty {
             self.sync()?;
             report.synced = true;
         }
         let total = self.log.device().geometry().block_count / u64::from(self.segment_blocks);
-        let mut st = lock(&self.state);
+        let mut st = lock(&self.state)?;
         // Thorough cleaning: a stream's oldest segment less than half live is worth moving.
         if st.txns.open.is_empty() {
             for stream in 0..self.streams {
@@ -522,6 +522,13 @@ impl Maintenance {
             })
             .ok();
         Maintenance { stop, thread }
+    }
+
+    /// Whether the thread has stopped: after [`Fs::maintain`] failed (an I/O error, or a panic
+    /// that stopped the file system), or once the file system is dropped.
+    #[must_use]
+    pub fn is_stopped(&self) -> bool {
+        self.thread.as_ref().is_none_or(std::thread::JoinHandle::is_finished)
     }
 }
 

@@ -62,6 +62,11 @@ pub enum FsError {
     /// The image is not a Tally file system, or its records are inconsistent.
     #[error("corrupted file system: {0}")]
     Corrupted(String),
+    /// An earlier call panicked while holding the file system's state (a bug), which may have
+    /// left it half changed: every later call fails (fail-stop), maintenance stops, and unmount
+    /// writes no snapshot; the next mount rebuilds the state from the log.
+    #[error("stopped after a panic in an earlier operation; remount")]
+    Poisoned,
     /// A log error not covered above.
     #[error(transparent)]
     Log(LogError),
@@ -87,7 +92,9 @@ impl FsError {
             FsError::Range => libc::ERANGE,
             FsError::Busy => libc::EBUSY,
             FsError::NoTxn => libc::EINVAL,
-            FsError::Io(_) | FsError::Corrupted(_) | FsError::Log(_) => libc::EIO,
+            FsError::Io(_) | FsError::Corrupted(_) | FsError::Log(_) | FsError::Poisoned => {
+                libc::EIO
+            }
             FsError::ReadOnly(_) => libc::EROFS,
         }
     }

@@ -58,7 +58,7 @@ impl Fs {
     /// # Errors
     /// I/O errors, a record that does not decode.
     pub fn segment_liveness(&self) -> Result<Vec<SegmentLiveness>> {
-        let st = lock(&self.state);
+        let st = lock(&self.state)?;
         let bs = u64::from(self.bs);
         let mut out = Vec::new();
         for stream in 0..self.streams {
@@ -101,8 +101,14 @@ impl Fs {
     /// [`Fs::fsck`], calling `progress(data_blocks_checked, data_blocks_total)` as it reads
     /// data blocks (the long part on a large image), for a progress bar.
     pub fn fsck_with_progress(&self, progress: &mut dyn FnMut(u64, u64)) -> FsckReport {
-        let st = lock(&self.state);
         let mut r = FsckReport::default();
+        let st = match lock(&self.state) {
+            Ok(st) => st,
+            Err(e) => {
+                r.problems.push(format!("the state in memory cannot be checked: {e}"));
+                return r;
+            }
+        };
         let data_blocks_total: u64 = st.inodes.values().map(|i| i.blocks.len() as u64).sum();
         // Segments some stream's log holds: a live block anywhere else sits in free space,
         // where a later write would overwrite it.
@@ -305,7 +311,7 @@ mod tests {
             .find(|&b| fs.log.segment_of(b).is_some_and(|s| !held.contains(&s)))
             .expect("a block in a free segment");
         let set_addr = |addr: u64| {
-            let mut st = lock(&fs.state);
+            let mut st = lock(&fs.state).unwrap();
             let block = st.inodes.get_mut(&a.ino).unwrap().blocks.get_mut(&0).unwrap();
             block.addr = addr;
             block.data = Some(Arc::new(vec![1u8; 4096])); // so the crc check still passes

@@ -27,21 +27,22 @@ pub(crate) type ThreadId = shuttle::thread::ThreadId;
 #[cfg(not(shuttle))]
 pub(crate) type ThreadId = std::thread::ThreadId;
 
-/// Wait on `cv` for at most `limit` (under shuttle, which has no clock, until notified).
+/// Wait on `cv` for at most `limit` (under shuttle, which has no clock, until notified);
+/// `None` when the lock was poisoned meanwhile (the caller fails stop).
 #[cfg(not(shuttle))]
 pub(crate) fn wait_timeout<'a, T>(
     cv: &Condvar,
     guard: MutexGuard<'a, T>,
     limit: std::time::Duration,
-) -> MutexGuard<'a, T> {
-    cv.wait_timeout(guard, limit).map_or_else(|e| e.into_inner().0, |(g, _)| g)
+) -> Option<MutexGuard<'a, T>> {
+    cv.wait_timeout(guard, limit).ok().map(|(g, _)| g)
 }
-/// Wait on `cv` (shuttle has no clock: until notified).
+/// Wait on `cv` (shuttle has no clock: until notified); `None` when the lock was poisoned.
 #[cfg(shuttle)]
 pub(crate) fn wait_timeout<'a, T>(
     cv: &Condvar,
     guard: MutexGuard<'a, T>,
     _limit: std::time::Duration,
-) -> MutexGuard<'a, T> {
-    cv.wait(guard).unwrap_or_else(std::sync::PoisonError::into_inner)
+) -> Option<MutexGuard<'a, T>> {
+    cv.wait(guard).ok()
 }

@@ -162,8 +162,12 @@ fn thread_slot() -> u64 {
     SLOT.with(|s| *s)
 }
 
-pub(crate) fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+/// Take the state lock. Fail-stop, as redb: a panic while holding it (a bug) may have left the
+/// state half changed, so from then on this fails with [`FsError::Poisoned`] for every caller —
+/// operations, maintenance (which then stops) and unmount (which then writes no snapshot, so
+/// the next mount rebuilds the state from the log).
+pub(crate) fn lock(m: &Mutex<State>) -> Result<MutexGuard<'_, State>> {
+    m.lock().map_err(|_| FsError::Poisoned)
 }
 
 /// `ctime`/`mtime` to now.
@@ -280,7 +284,7 @@ impl Fs {
         for ino in orphans {
             fs.free_orphan(ino)?;
         }
-        fs.report.inodes = lock(&fs.state).inodes.len() as u64;
+        fs.report.inodes = lock(&fs.state)?.inodes.len() as u64;
         fs.report.time = started.elapsed();
         Ok(fs)
     }
@@ -298,13 +302,13 @@ impl Fs {
     /// I/O errors; read-only after an earlier error; open explicit transactions (they are
     /// aborted first, then reported).
     pub fn unmount(self) -> Result<()> {
-        let open: Vec<TxnId> = lock(&self.state).txns.open.keys().copied().collect();
+        let open: Vec<TxnId> = lock(&self.state)?.txns.open.keys().copied().collect();
         for id in &open {
             self.abort(Txn { id: *id })?;
         }
         self.log.sync().map_err(|e| self.fail(e))?;
         let payload = {
-            let mut st = lock(&self.state);
+            let mut st = lock(&self.state)?;
             if let Some(e) = &st.failed {
                 return Err(FsError::ReadOnly(e.clone()));
             }
@@ -353,7 +357,7 @@ impl Fs {
         grows: bool,
         mut f: impl FnMut(&mut State, &mut Cx) -> OpResult<T>,
     ) -> Result<T> {
-        let mut st = lock(&self.state);
+        let mut st = lock(&self.state)?;
         let mut waited_since: Option<std::time::Instant> = None;
         loop {
             if let Some(e) = &st.failed {
@@ -390,7 +394,7 @@ impl Fs {
                     cx.rollback(&mut st);
                     let bound = self.txn_wait_max_ms.load(std::sync::atomic::Ordering::Relaxed);
                     if bound == u64::MAX {
-                        st = self.cv.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
+                        st = self.cv.wait(st).map_err(|_| FsError::Poisoned)?;
                         continue;
                     }
                     let limit = std::time::Duration::from_millis(bound);
@@ -400,7 +404,7 @@ impl Fs {
                     else {
                         return Err(FsError::Busy);
                     };
-                    st = crate::sync::wait_timeout(&self.cv, st, left);
+                    st = crate::sync::wait_timeout(&self.cv, st, left).ok_or(FsError::Poisoned)?;
                 }
             }
         }
@@ -450,8 +454,87 @@ impl Fs {
     pub(crate) fn fail(&self, e: LogError) -> FsError {
         let e = FsError::from(e);
         if let FsError::ReadOnly(m) | FsError::Io(m) = &e {
-            lock(&self.state).failed.get_or_insert_with(|| m.clone());
+            // Poisoned: already stopped harder than read-only.
+            if let Ok(mut st) = lock(&self.state) {
+                st.failed.get_or_insert_with(|| m.clone());
+            }
         }
         e
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::time::{Duration, Instant};
+
+    use tally_media::MemDevice;
+
+    use super::*;
+    use crate::types::{Owner, RenameFlags, ROOT};
+
+    /// A bug that panics inside an operation, half way through its change and holding the
+    /// state lock, stops the file system: every later call fails with `Poisoned`, maintenance
+    /// stops, fsck says it cannot check, and unmount writes no snapshot — the next mount scans
+    /// the log and finds what was committed before the panic, and nothing of the half change.
+    #[test]
+    fn a_panic_holding_the_state_lock_stops_the_file_system() {
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 16384).unwrap());
+        Fs::mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+        let fs = Arc::new(Fs::mount(dev.clone(), MountOptions::default()).unwrap());
+        let me = Owner { uid: 0, gid: 0 };
+        let kept = fs.create(None, ROOT, b"kept", 0o644, me).unwrap().ino;
+        fs.write(None, kept, 0, b"before").unwrap();
+        let txn = fs.begin().unwrap();
+        let maintenance = crate::Maintenance::spawn(&fs, Duration::from_millis(5));
+        let panicked = catch_unwind(AssertUnwindSafe(|| {
+            fs.op(None, kept, false, |st, cx| -> OpResult<()> {
+                cx.inode(st, kept)?;
+                st.inode_mut(kept)?.attr.size = 1 << 40;
+                panic!("injected bug, half way through a change");
+            })
+        }));
+        assert!(panicked.is_err());
+
+        let poisoned = |what: &str, r: Result<()>| {
+            assert!(matches!(r, Err(FsError::Poisoned)), "{what} after the panic: {r:?}");
+        };
+        poisoned("getattr", fs.getattr(kept).map(drop));
+        poisoned("lookup", fs.lookup(ROOT, b"kept").map(drop));
+        poisoned("read", fs.read(kept, 0, 10).map(drop));
+        poisoned("readdir", fs.readdir(ROOT, 0).map(drop));
+        poisoned("getxattr", fs.getxattr(kept, b"user.x").map(drop));
+        poisoned("create", fs.create(None, ROOT, b"new", 0o644, me).map(drop));
+        poisoned("write", fs.write(None, kept, 0, b"after").map(drop));
+        poisoned("write in a transaction", fs.write(Some(&txn), kept, 0, b"after").map(drop));
+        poisoned("rename", fs.rename(None, ROOT, b"kept", ROOT, b"k2", RenameFlags::default()));
+        poisoned("open", fs.open(kept));
+        poisoned("fsync", fs.fsync(kept));
+        poisoned("sync", fs.sync());
+        poisoned("barrier", fs.barrier(kept));
+        poisoned("begin", fs.begin().map(drop));
+        poisoned("commit", fs.commit(txn));
+        poisoned("clean", fs.clean(0, 1).map(drop));
+        poisoned("maintain", fs.maintain().map(drop));
+        poisoned("segment_liveness", fs.segment_liveness().map(drop));
+        let report = fs.fsck();
+        assert!(report.problems.iter().any(|p| p.contains("panic")), "{:?}", report.problems);
+
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !maintenance.is_stopped() {
+            assert!(Instant::now() < deadline, "maintenance keeps running after the panic");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(maintenance);
+        let fs = Arc::into_inner(fs).expect("the only reference");
+        assert!(matches!(fs.unmount(), Err(FsError::Poisoned)));
+
+        let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+        assert!(!fs.mount_report().from_snapshot, "unmount wrote a snapshot of a torn state");
+        assert_eq!(fs.read(kept, 0, 100).unwrap(), b"before");
+        assert_eq!(fs.getattr(kept).unwrap().size, 6);
+        let report = fs.fsck();
+        assert!(report.is_clean(), "{:?}", report.problems);
+        fs.unmount().unwrap();
     }
 }

@@ -227,7 +227,7 @@ impl Fs {
     /// # Errors
     /// `ENOENT`.
     pub fn open(&self, ino: Ino) -> Result<()> {
-        let mut st = lock(&self.state);
+        let mut st = lock(&self.state)?;
         st.inode(ino)?;
         *st.pins.entry(ino).or_default() += 1;
         Ok(())
@@ -240,7 +240,7 @@ impl Fs {
     /// As the free's commit (out of space, I/O).
     pub fn release(&self, ino: Ino) -> Result<()> {
         {
-            let mut st = lock(&self.state);
+            let mut st = lock(&self.state)?;
             match st.pins.get_mut(&ino) {
                 Some(n) if *n > 1 => {
                     *n -= 1;

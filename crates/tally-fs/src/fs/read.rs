@@ -17,7 +17,7 @@ impl Fs {
         if name.len() > NAME_MAX {
             return Err(FsError::NameTooLong);
         }
-        let st = lock(&self.state);
+        let st = lock(&self.state)?;
         let dir = st.dir(parent)?;
         let ino = match name {
             b"." => parent,
@@ -32,7 +32,7 @@ impl Fs {
     /// # Errors
     /// `ENOENT`.
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
-        Ok(lock(&self.state).inode(ino)?.attr)
+        Ok(lock(&self.state)?.inode(ino)?.attr)
     }
 
     /// Data blocks an inode holds (for `st_blocks`).
@@ -40,7 +40,7 @@ impl Fs {
     /// # Errors
     /// `ENOENT`.
     pub fn allocated_blocks(&self, ino: Ino) -> Result<u64> {
-        Ok(lock(&self.state).inode(ino)?.blocks.len() as u64)
+        Ok(lock(&self.state)?.inode(ino)?.blocks.len() as u64)
     }
 
     /// A symlink's target.
@@ -48,7 +48,7 @@ impl Fs {
     /// # Errors
     /// `ENOENT`, `EINVAL` if not a symlink.
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
-        let st = lock(&self.state);
+        let st = lock(&self.state)?;
         let i = st.inode(ino)?;
         if i.attr.kind != FileKind::Symlink {
             return Err(FsError::Invalid("not a symlink"));
@@ -68,7 +68,7 @@ impl Fs {
         // relocation: a crc mismatch is therefore first retried under the lock.
         let bs = u64::from(self.bs);
         let (offset, end, blocks) = {
-            let st = lock(&self.state);
+            let st = lock(&self.state)?;
             let inode = st.inode(ino)?;
             match inode.attr.kind {
                 FileKind::File => {}
@@ -90,7 +90,7 @@ impl Fs {
             let bytes = match self.block_bytes(ino, b, &block) {
                 Ok(bytes) => bytes,
                 Err(_) => {
-                    let st = lock(&self.state);
+                    let st = lock(&self.state)?;
                     match st.inode(ino)?.blocks.get(&b) {
                         Some(now) => self.block_bytes(ino, b, now)?,
                         None => continue, // punched or truncated meanwhile: zeros
@@ -126,7 +126,7 @@ impl Fs {
     /// # Errors
     /// `ENOENT`, `ENOTDIR`.
     pub fn readdir(&self, ino: Ino, offset: u64) -> Result<Vec<DirEntry>> {
-        let st = lock(&self.state);
+        let st = lock(&self.state)?;
         let dir = st.dir(ino)?;
         let mut out = Vec::new();
         if offset < 1 {
@@ -148,10 +148,11 @@ impl Fs {
         Ok(out)
     }
 
-    /// File-system statistics.
+    /// File-system statistics. Answered also after a panic stopped the file system (only
+    /// counts are read; every other call fails then).
     #[must_use]
     pub fn statfs(&self) -> StatFs {
-        let st = lock(&self.state);
+        let st = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let seg = u64::from(self.segment_blocks);
         let blocks = self.log.device().geometry().block_count;
         let free = u64::from(self.log.free_segments().saturating_sub(RESERVED_SEGMENTS)) * seg;
@@ -170,7 +171,7 @@ impl Fs {
     /// # Errors
     /// `ENOENT`, `ENODATA`.
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
-        let st = lock(&self.state);
+        let st = lock(&self.state)?;
         st.inode(ino)?.xattrs.get(name).map(|x| x.value.clone()).ok_or(FsError::NoAttr)
     }
 
@@ -179,6 +180,6 @@ impl Fs {
     /// # Errors
     /// `ENOENT`.
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
-        Ok(lock(&self.state).inode(ino)?.xattrs.keys().cloned().collect())
+        Ok(lock(&self.state)?.inode(ino)?.xattrs.keys().cloned().collect())
     }
 }

@@ -21,13 +21,13 @@ impl Fs {
     /// `ENOENT`, I/O errors (after which the file system is read-only).
     pub fn fsync(&self, ino: Ino) -> Result<()> {
         let last = {
-            let st = lock(&self.state);
+            let st = lock(&self.state)?;
             st.inode(ino)?.last_tx
         };
         if let Some(t) = last.filter(|_| self.mutant != Some(FsMutant::FsyncNotDurable)) {
             self.log.wait_durable(t).map_err(|e| self.fail(e))?;
         }
-        let mut st = lock(&self.state);
+        let mut st = lock(&self.state)?;
         self.prune_cache(&mut st);
         Ok(())
     }
@@ -46,7 +46,7 @@ impl Fs {
     /// I/O errors.
     pub fn sync(&self) -> Result<()> {
         self.log.sync().map_err(|e| self.fail(e))?;
-        let mut st = lock(&self.state);
+        let mut st = lock(&self.state)?;
         self.prune_cache(&mut st);
         Ok(())
     }
@@ -57,7 +57,7 @@ impl Fs {
     /// # Errors
     /// `ENOENT`.
     pub fn barrier(&self, ino: Ino) -> Result<()> {
-        let mut st = lock(&self.state);
+        let mut st = lock(&self.state)?;
         if let Some(t) = st.inode(ino)?.last_tx {
             if self.log.durable_seq(t.stream) < t.seq {
                 // Recovery keeps a prefix of each stream, so depending on a stream's newest
@@ -84,7 +84,7 @@ impl Fs {
     /// # Errors
     /// Read-only after an I/O error.
     pub fn begin(&self) -> Result<Txn> {
-        let mut st = lock(&self.state);
+        let mut st = lock(&self.state)?;
         if let Some(e) = &st.failed {
             return Err(FsError::ReadOnly(e.clone()));
         }
@@ -117,7 +117,7 @@ impl Fs {
     }
 
     pub(crate) fn end(&self, txn: Txn) -> Result<Option<TxId>> {
-        let mut st = lock(&self.state);
+        let mut st = lock(&self.state)?;
         let Some(t) = st.txns.open.remove(&txn.id) else { return Err(FsError::NoTxn) };
         let stream = t.stream.unwrap_or(0);
         // Storage versions of shared directory attributes, with this transaction's deltas.
@@ -183,7 +183,7 @@ impl Fs {
     /// # Errors
     /// `EINVAL` for an unknown transaction.
     pub fn abort(&self, txn: Txn) -> Result<()> {
-        let mut st = lock(&self.state);
+        let mut st = lock(&self.state)?;
         let Some(t) = st.txns.open.remove(&txn.id) else { return Err(FsError::NoTxn) };
         Self::undo_txn(&mut st, t.undo, t.dir_diffs.keys().copied().collect());
         st.txns.locks.retain(|_, owner| *owner != txn.id);
