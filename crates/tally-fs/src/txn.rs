@@ -293,6 +293,16 @@ impl Cx {
         }
     }
 
+    /// Stop (wait, or `EBUSY`; see `conflict`) if another open transaction holds `key`, without
+    /// taking it: for an operation that finds nothing to change in what a transaction may yet
+    /// undo, so that its `Ok` cannot be undone by an abort.
+    pub fn unheld(&self, st: &State, key: &Key) -> OpResult<()> {
+        match st.txns.locks.get(key) {
+            Some(&owner) if Some(owner) != self.txn => Err(self.conflict(st, &[owner])),
+            _ => Ok(()),
+        }
+    }
+
     /// About to change anything of inode `ino` (attributes, data, xattrs, or free it).
     pub fn inode(&mut self, st: &mut State, ino: Ino) -> OpResult<()> {
         // A change to a whole directory (chmod, free) while other transactions hold deltas to

@@ -368,7 +368,12 @@ impl Fs {
                     );
                 }
                 if dst.ino == src.ino && !flags.exchange {
-                    return Ok(()); // two links to one inode: nothing to do
+                    // Two links to one inode: nothing to do, as POSIX has it — once neither name
+                    // is held by an open transaction, whose abort could remove it and leave
+                    // this `Ok` a rename that never happened.
+                    cx.unheld(st, &Key::Dentry(parent, name.to_vec()))?;
+                    cx.unheld(st, &Key::Dentry(new_parent, new_name.to_vec()))?;
+                    return Ok(());
                 }
                 if !flags.exchange {
                     match (src.kind == FileKind::Dir, dst.kind == FileKind::Dir) {
