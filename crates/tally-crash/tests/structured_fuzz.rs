@@ -1209,10 +1209,7 @@ fn env_u64(name: &str) -> Option<u64> {
 /// Findings of tally-log that are reported and not fixed yet: the bounded run tolerates them
 /// (each has an ignored regression test below). Matched on the site kind, the field and the
 /// problem's text.
-const KNOWN: &[(&str, &str, &str)] = &[
-    // finding_forged_unit_seq_hides_durable_transactions
-    ("unit", "seq", "dropped without an error"),
-];
+const KNOWN: &[(&str, &str, &str)] = &[];
 
 fn known(m: &Mutation, problem: &str) -> bool {
     let field = match &m.edit {
@@ -1326,7 +1323,6 @@ fn finding_entry_cookie_max_overflows_replay() {
 /// only looks at units with a seq above the kept tail — none — so `Log::open` succeeds and
 /// silently drops T+1 .. the end, which are proven durable (tally-log recover.rs).
 #[test]
-#[ignore = "finding: a forged unit seq hides durable transactions from the damage check (tally-log, reported)"]
 fn finding_forged_unit_seq_hides_durable_transactions() {
     assert_holds(&set(ImageId::LogCrash, "unit s1 seq5 e2 #0", "seq", 19));
     assert_holds(&set(ImageId::LogCrash, "unit s1 seq12 e2 #0", "seq", 0xaff2_530e_b6b8_2bd9));

@@ -7,7 +7,8 @@
 //! accepted `L` (stream root: epoch `E`, base `B`):
 //! - `T` is whole: every unit decodes (crc seeded with the image uuid) with `T`'s identity, and
 //!   every data block matches its crc (classic transactions also need their commit block);
-//! - `T.prev_seq == L.seq`, `T.seq > L.seq`, `T.epoch >= L.epoch`;
+//! - `T.prev_seq == L.seq`, `T.seq > L.seq`, `T.epoch >= L.epoch`, `T.seq == L.seq + 1` when
+//!   both are of one epoch (a run numbers consecutively), and `T.seq < seq_limit`;
 //! - `T.epoch == E`, or `T.epoch < E` and `T.seq <= B`.
 //!
 //! The chain continues right after `L` in the same segment, or at block 0 of the segment `L`
@@ -627,8 +628,17 @@ fn try_tx(
     if h.stream != s || h.kind != UnitKind::Body || h.unit_index != 0 {
         return Ok(None);
     }
+    // No run writes at or above the reservation in force (the limit is raised durably first):
+    // such a number is forged, not a transaction of this stream.
+    if h.seq >= root.seq_limit && !ctx.mutant(Mutant::NoEpochBump) {
+        return Ok(None);
+    }
     scan.max_seq_seen = scan.max_seq_seen.max(h.seq);
-    let chained = h.prev_seq == last.0 && h.seq > last.0 && h.epoch >= last.1;
+    // Inside one epoch (one run) a stream numbers its transactions consecutively; only the
+    // first of a run jumps (to its resume point). A whole transaction whose number breaks that
+    // was forged or damaged, and must not become the tail that hides what follows it.
+    let consecutive = h.epoch != last.1 || Some(h.seq) == last.0.checked_add(1);
+    let chained = h.prev_seq == last.0 && h.seq > last.0 && h.epoch >= last.1 && consecutive;
     let epoch_ok = h.epoch == root.epoch || (h.epoch < root.epoch && h.seq <= root.base_seq);
     let follows = if ctx.mutant(Mutant::StaleUnitsAccepted) {
         true // mutant: any whole transaction of the stream continues the chain
