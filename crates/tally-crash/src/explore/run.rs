@@ -177,12 +177,7 @@ impl Explorer {
         let medium = cfg.medium;
         Explorer {
             cfg,
-            report: Report {
-                all_exhaustive: true,
-                mutant,
-                medium,
-                ..Report::default()
-            },
+            report: Report { all_exhaustive: true, mutant, medium, ..Report::default() },
             unique: HashSet::new(),
             started: Instant::now(),
             starts: BTreeMap::new(),
@@ -206,20 +201,13 @@ impl Explorer {
     }
 
     fn open_options(&self) -> OpenOptions {
-        OpenOptions {
-            mutant: self.cfg.mutant,
-            ..OpenOptions::default()
-        }
+        OpenOptions { mutant: self.cfg.mutant, ..OpenOptions::default() }
     }
 
     fn geometry(&self) -> Geometry {
         let blocks = 2 + u64::from(self.cfg.segment_count) * u64::from(self.cfg.segment_blocks);
         let bs = self.cfg.block_size;
-        Geometry {
-            block_size: bs,
-            block_count: blocks,
-            atomic_write_size: 512.min(bs),
-        }
+        Geometry { block_size: bs, block_count: blocks, atomic_write_size: 512.min(bs) }
     }
 
     /// Run one workload from `start`. With `branch_all`, a crash op continues from up to
@@ -231,11 +219,7 @@ impl Explorer {
         let log = match Log::open(dev.device(), self.open_options()) {
             Ok((log, _)) => log,
             Err(e) => {
-                let at = At {
-                    workload,
-                    start,
-                    op_index: 0,
-                };
+                let at = At { workload, start, op_index: 0 };
                 self.record(
                     at,
                     Violation {
@@ -263,18 +247,13 @@ impl Explorer {
         rng: &mut fastrand::Rng,
     ) {
         for (i, &op) in workload.0.iter().enumerate().skip(first_op) {
-            let at = At {
-                workload,
-                start,
-                op_index: i,
-            };
+            let at = At { workload, start, op_index: i };
             if op == Op::Crash {
                 drop(log);
                 let mut images: Vec<Image> = match dev {
-                    Recorder::Block(d) => d
-                        .inner()
-                        .crash_images(self.crash_options(workload, start, i))
-                        .collect(),
+                    Recorder::Block(d) => {
+                        d.inner().crash_images(self.crash_options(workload, start, i)).collect()
+                    }
                     Recorder::Pmem(_) => {
                         let seed = self.point_seed(workload, start, i);
                         let samples = self.cfg.crash.samples;
@@ -306,13 +285,7 @@ impl Explorer {
             }
             let before = model.clone();
             dev.set_recording(self.cfg.crash_inside_ops);
-            let applied = apply(
-                &log,
-                op,
-                &mut model,
-                self.cfg.block_size,
-                self.cfg.segment_blocks,
-            );
+            let applied = apply(&log, op, &mut model, self.cfg.block_size, self.cfg.segment_blocks);
             let inside = dev.take_points();
             if let Err(v) = applied {
                 self.record(at, v);
@@ -370,16 +343,9 @@ impl Explorer {
             Point::Pmem(_) => return self.check_pmem_point(point, models, at, seen),
         };
         let torn = self.crash_options(at.workload, at.start, at.op_index);
-        let untorn = CrashOptions {
-            tearing: false,
-            exhaustive_images_max: 1 << 16,
-            ..torn.clone()
-        };
-        let passes = if torn.tearing {
-            vec![untorn, torn]
-        } else {
-            vec![untorn]
-        };
+        let untorn =
+            CrashOptions { tearing: false, exhaustive_images_max: 1 << 16, ..torn.clone() };
+        let passes = if torn.tearing { vec![untorn, torn] } else { vec![untorn] };
         for options in passes {
             let mut images = point.crash_images(options);
             for image in images.by_ref() {
@@ -438,10 +404,7 @@ impl Explorer {
     }
 
     fn pmem_geometry(&self) -> Geometry {
-        Geometry {
-            atomic_write_size: 8,
-            ..self.geometry()
-        }
+        Geometry { atomic_write_size: 8, ..self.geometry() }
     }
 
     /// Judge one image: it must be a legal outcome of at least one of `models` (one model
@@ -537,23 +500,14 @@ impl Explorer {
             }
             return Ok(());
         }
-        let faults = FaultPlan {
-            flush_eio_nth: Some(1),
-            ..FaultPlan::none()
-        };
+        let faults = FaultPlan { flush_eio_nth: Some(1), ..FaultPlan::none() };
         let dev = Arc::new(CrashDevice::from_image(
             image.clone(),
-            CrashConfig {
-                faults,
-                ..CrashConfig::with_seed(self.cfg.seed)
-            },
+            CrashConfig { faults, ..CrashConfig::with_seed(self.cfg.seed) },
         ));
         let opts = self.open_options();
         let _ = catch_unwind(AssertUnwindSafe(|| Log::open(dev.clone(), opts)));
-        for inner in dev.crash_images(CrashOptions {
-            tearing: false,
-            ..CrashOptions::default()
-        }) {
+        for inner in dev.crash_images(CrashOptions { tearing: false, ..CrashOptions::default() }) {
             self.report.recovery_crash_states += 1;
             let again = self.recover(Arc::new(MemDevice::from_image(inner)))?;
             if survivor_tags(&again) != survivor_tags(rec) {
@@ -572,10 +526,7 @@ impl Explorer {
         mem: &Arc<MemDevice>,
         rec: &Recovery,
     ) -> Result<(), Violation> {
-        let fail = |message: String| Violation {
-            invariant: Invariant::I7ForwardProgress,
-            message,
-        };
+        let fail = |message: String| Violation { invariant: Invariant::I7ForwardProgress, message };
         let (log, _) = Log::open(mem.clone(), self.open_options())
             .map_err(|e| fail(format!("reopen: {e}")))?;
         for s in 0..log.stream_count() {
@@ -588,11 +539,7 @@ impl Explorer {
         }
         drop(log);
         let after = self.recover(mem.clone())?;
-        for (s, (before, now)) in survivor_tags(rec)
-            .iter()
-            .zip(survivor_tags(&after))
-            .enumerate()
-        {
+        for (s, (before, now)) in survivor_tags(rec).iter().zip(survivor_tags(&after)).enumerate() {
             let is_progress = |r: &Vec<u8>| r.len() == 8 && r[7] & 0x80 != 0;
             let (new, old): (Vec<_>, Vec<_>) = now.into_iter().partition(is_progress);
             if old.len() > before.len() && old[..before.len()] == before[..] {
@@ -618,11 +565,8 @@ impl Explorer {
 
     fn record(&mut self, at: At<'_>, v: Violation) {
         self.report.violations += 1;
-        *self
-            .report
-            .violations_by_invariant
-            .entry(v.invariant.name().to_string())
-            .or_default() += 1;
+        *self.report.violations_by_invariant.entry(v.invariant.name().to_string()).or_default() +=
+            1;
         if self.report.first_violation.is_none() {
             let mutant = self
                 .cfg
@@ -672,9 +616,7 @@ impl Explorer {
         // The start is built with the correct protocol: mutants are judged on the workload.
         let built = Log::format(&*mem, &config)
             .and_then(|()| Log::open(mem.clone(), OpenOptions::default()));
-        let Ok((log, _)) = built else {
-            return (mem.image(), model);
-        };
+        let Ok((log, _)) = built else { return (mem.image(), model) };
         let mut tag = 1 << 40;
         let mut fill = |log: &Log, model: &mut Model| loop {
             tag += 1;
@@ -714,27 +656,16 @@ impl Explorer {
 /// before the op (nothing the op does is acknowledged until it returns): the op done; the op
 /// not done; the op's new transactions present without the checkpoint it ends with (`k`, `g`).
 fn inside_candidates(before: &Model, after: &Model) -> Vec<Model> {
-    let acked: HashSet<u64> = before
-        .streams
-        .iter()
-        .flatten()
-        .filter(|t| t.acked)
-        .map(|t| t.tag)
-        .collect();
+    let acked: HashSet<u64> =
+        before.streams.iter().flatten().filter(|t| t.acked).map(|t| t.tag).collect();
     let mut done = after.clone();
     for tx in done.streams.iter_mut().flatten() {
         tx.acked = acked.contains(&tx.tag);
     }
     let mut added = before.clone();
     for (s, list) in after.streams.iter().enumerate() {
-        for tx in list
-            .iter()
-            .filter(|t| !before.streams[s].iter().any(|b| b.id == t.id))
-        {
-            added.streams[s].push(ModelTx {
-                acked: false,
-                ..tx.clone()
-            });
+        for tx in list.iter().filter(|t| !before.streams[s].iter().any(|b| b.id == t.id)) {
+            added.streams[s].push(ModelTx { acked: false, ..tx.clone() });
         }
     }
     vec![done, before.clone(), added]
@@ -778,31 +709,13 @@ fn apply(
         Op::Small => (0u16, 24, 0, CommitMode::Ordered, None),
         Op::SmallDurable => (0, 24, 0, CommitMode::Count, None),
         // Three units' worth of body, and two data blocks (the second one short).
-        Op::Multi => (
-            0,
-            2 * (block_size as usize - 64) + 40,
-            2,
-            CommitMode::Ordered,
-            None,
-        ),
+        Op::Multi => (0, 2 * (block_size as usize - 64) + 40, 2, CommitMode::Ordered, None),
         // A whole segment: units for all but two blocks, and two data blocks.
         Op::Max => {
             let units = segment_blocks as usize - 2;
-            (
-                0,
-                units * (block_size as usize - 64) - 128,
-                2,
-                CommitMode::Ordered,
-                None,
-            )
+            (0, units * (block_size as usize - 64) - 128, 2, CommitMode::Ordered, None)
         }
-        Op::Dependent => (
-            1,
-            24,
-            0,
-            CommitMode::Ordered,
-            model.streams[0].last().map(|t| t.id),
-        ),
+        Op::Dependent => (1, 24, 0, CommitMode::Ordered, model.streams[0].last().map(|t| t.id)),
         Op::Classic => (1, 24, 1, CommitMode::Classic, None),
         Op::Sync => {
             log.sync().map_err(|e| workload_error(op, &e))?;
@@ -812,8 +725,7 @@ fn apply(
         Op::Checkpoint => {
             // The first transaction: the rest of its segment must survive the checkpoint.
             if let Some(target) = model.streams[0].first().map(|t| t.id) {
-                log.checkpoint(0, target.seq)
-                    .map_err(|e| workload_error(op, &e))?;
+                log.checkpoint(0, target.seq).map_err(|e| workload_error(op, &e))?;
                 model.ack(target);
                 model.checkpoint(0, target.seq);
             }
@@ -827,14 +739,7 @@ fn apply(
     let record = tag_record(tag, record_len);
     tx.record(record.clone());
     let data: Vec<Vec<u8>> = (0..data_count)
-        .map(|j| {
-            tag_data(
-                tag,
-                j,
-                block_size,
-                if j == 1 { 300 } else { block_size as usize },
-            )
-        })
+        .map(|j| tag_data(tag, j, block_size, if j == 1 { 300 } else { block_size as usize }))
         .collect();
     for (j, d) in data.iter().enumerate() {
         tx.data(if j == 1 { d[..300].to_vec() } else { d.clone() });
@@ -884,16 +789,10 @@ fn clean(log: &Log, model: &mut Model) -> Result<(), Violation> {
         Err(LogError::NoSpace { .. }) => return Ok(()),
         Err(e) => return Err(workload_error(Op::Clean, &e)),
     };
-    let Some(upto) = report.checkpointed_seq else {
-        return Ok(());
-    };
+    let Some(upto) = report.checkpointed_seq else { return Ok(()) };
     for (old, new) in &report.relocated {
         if let Some(tx) = model.streams[0].iter().find(|t| t.id == *old).cloned() {
-            model.streams[0].push(ModelTx {
-                id: new.ticket,
-                deps: Vec::new(),
-                ..tx
-            });
+            model.streams[0].push(ModelTx { id: new.ticket, deps: Vec::new(), ..tx });
         }
     }
     model.ack_all(); // cleaning syncs before it checkpoints
