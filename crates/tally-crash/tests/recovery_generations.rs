@@ -241,8 +241,17 @@ fn record(tag: &str) -> Vec<u8> {
     tag.as_bytes().to_vec()
 }
 
+thread_local! {
+    /// The log mutant the log scenarios recover with (`None`: the real protocol).
+    static MUTANT: std::cell::Cell<Option<tally_log::Mutant>> = const { std::cell::Cell::new(None) };
+}
+
+fn options() -> OpenOptions {
+    OpenOptions { mutant: MUTANT.with(std::cell::Cell::get), ..OpenOptions::default() }
+}
+
 fn open(dev: Arc<dyn Device>, generation: u32) -> (Log, Recovery) {
-    Log::open(dev, OpenOptions::default())
+    Log::open(dev, options())
         .unwrap_or_else(|e| panic!("generation {generation}: recovery failed: {e}"))
 }
 
@@ -306,6 +315,10 @@ fn log_generation_0(dev: &Arc<CrashDevice>) -> Image {
 
 #[test]
 fn finding_1_log_a_durable_commit_survives_repeated_power_losses() {
+    scenario_1_log();
+}
+
+fn scenario_1_log() {
     let dev = device(Image::new(geometry(LOG_SEGMENT_BLOCKS)), 1);
     let image = log_generation_0(&dev);
 
@@ -334,6 +347,10 @@ fn finding_1_log_a_durable_commit_survives_repeated_power_losses() {
 
 #[test]
 fn finding_2_log_a_cut_transaction_never_comes_back_after_a_process_crash() {
+    scenario_2_log();
+}
+
+fn scenario_2_log() {
     let dev = device(Image::new(geometry(LOG_SEGMENT_BLOCKS)), 1);
     let image = log_generation_0(&dev);
 
@@ -353,7 +370,7 @@ fn finding_2_log_a_cut_transaction_never_comes_back_after_a_process_crash() {
     let images = every_image(&points);
     let mut bad = Vec::new();
     for (i, image) in images.iter().enumerate() {
-        match Log::open(Arc::new(MemDevice::from_image(image.clone())), OpenOptions::default()) {
+        match Log::open(Arc::new(MemDevice::from_image(image.clone())), options()) {
             Err(e) => bad.push(format!("image {i}: recovery failed: {e}")),
             Ok((_, rec)) => {
                 let got = survivors(&rec);
@@ -371,4 +388,24 @@ fn finding_2_log_a_cut_transaction_never_comes_back_after_a_process_crash() {
         images.len(),
         bad.join("; ")
     );
+}
+
+/// The mutants of the new recovery rule fail the scenario that needs what they break.
+#[test]
+fn the_new_rules_mutants_are_caught() {
+    use tally_log::Mutant;
+    if !tally_log::mutants_available() {
+        panic!("this test needs the `mutants` feature (scripts/test enables it)");
+    }
+    let cases: [(Mutant, fn()); 1] = [(Mutant::NoTailSeal, scenario_1_log)];
+    let mut missed = Vec::new();
+    for (mutant, scenario) in cases {
+        MUTANT.with(|m| m.set(Some(mutant)));
+        let caught = std::panic::catch_unwind(scenario).is_err();
+        MUTANT.with(|m| m.set(None));
+        if !caught {
+            missed.push(mutant.name());
+        }
+    }
+    assert!(missed.is_empty(), "mutants not caught: {missed:?}");
 }

@@ -46,9 +46,6 @@ pub enum Mutant {
     /// Recovery does not seal the places after each stream's recovered tail: an orphan left
     /// there chains to the tail again once a later recovery's base passes its seq.
     NoTailSeal,
-    /// Recovery writes its superblock without first flushing what it read: after a process
-    /// crash it can vouch for transactions still in the volatile cache.
-    RecoveryVouchesBeforeFlush,
     /// Recovery ignores durable watermarks: a damaged transaction proven durable is taken for
     /// a torn tail, and everything after it is silently dropped.
     WatermarkIgnored,
@@ -56,7 +53,7 @@ pub enum Mutant {
 
 impl Mutant {
     /// Every mutant, in a fixed order.
-    pub const ALL: [Mutant; 17] = [
+    pub const ALL: [Mutant; 16] = [
         Mutant::NoPrefixCut,
         Mutant::NoDependencyClosure,
         Mutant::CountOffByOne,
@@ -72,7 +69,6 @@ impl Mutant {
         Mutant::SegmentsReusedBeforeCheckpointDurable,
         Mutant::SnapshotKept,
         Mutant::NoTailSeal,
-        Mutant::RecoveryVouchesBeforeFlush,
         Mutant::WatermarkIgnored,
     ];
 
@@ -97,7 +93,6 @@ impl Mutant {
             }
             Mutant::SnapshotKept => "snapshot-trusted-after-crash",
             Mutant::NoTailSeal => "no-tail-seal",
-            Mutant::RecoveryVouchesBeforeFlush => "recovery-vouches-before-flush",
             Mutant::WatermarkIgnored => "watermark-ignored",
         }
     }
@@ -121,7 +116,7 @@ impl Mutant {
     /// catch these, not the single-crash bounded runs.
     #[must_use]
     pub fn needs_generations(self) -> bool {
-        matches!(self, Mutant::NoTailSeal | Mutant::RecoveryVouchesBeforeFlush)
+        matches!(self, Mutant::NoTailSeal)
     }
 
     /// Whether only damage to durable data (a flipped bit, not a torn write) shows it: the

@@ -320,9 +320,7 @@ impl Log {
             let writes = seals.iter().map(|&b| Write::new(b, zero.clone())).collect();
             dev.write_sync(writes, WriteFlags::NONE)?;
         }
-        if !ctx.mutant(Mutant::RecoveryVouchesBeforeFlush) {
-            dev.flush()?;
-        }
+        dev.flush()?;
         let space = Space::new(sb.segment_count, used);
         let log = Log::from_parts(dev, SbState { sb, slot }, streams, space, options);
         if bump {
