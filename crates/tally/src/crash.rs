@@ -23,6 +23,9 @@ pub enum Command {
     /// Ops, one letter each: a = ordered commit on stream 0, A = durable commit on stream 0,
     /// m = commit with 3 units and 2 data blocks, d = commit on stream 1 depending on stream 0's
     /// last, l = classic commit on stream 1, s = sync, k = checkpoint stream 0, c = crash.
+    /// Multi-generation workloads (--generations) also use e = commit on stream 0 depending on
+    /// stream 1's last, p = process crash (recovery on the same device, its cache kept), r = a
+    /// power loss inside the recovery that just ran.
     Log(LogArgs),
     /// The file system: B3/ACE-style seq-1 and seq-2 workloads (create, mkdir, write,
     /// truncate, link, unlink, rename, rmdir, chmod, xattrs, explicit transactions, cleaning,
@@ -46,6 +49,24 @@ pub struct LogArgs {
     /// Ops per random workload.
     #[arg(long, default_value_t = 30)]
     ops: usize,
+    /// Multi-generation workloads of N generations (4 when N is left out): each runs
+    /// --ops-per-generation ops on the recovered state, then a power loss (an image chosen by
+    /// --seed, torn ones included) or a process crash (recovery on the same device, its volatile
+    /// cache kept), sometimes a power loss inside that recovery; every recovery's own crash
+    /// points are checked too. --random workloads (default 20), each from every start; with
+    /// --workload, replays one.
+    #[arg(
+        long,
+        num_args = 0..=1,
+        default_missing_value = "4",
+        value_name = "N",
+        conflicts_with = "bounded",
+        value_parser = clap::value_parser!(u32).range(1..=64),
+    )]
+    generations: Option<u32>,
+    /// Ops per generation (with --generations).
+    #[arg(long, default_value_t = 5, requires = "generations")]
+    ops_per_generation: usize,
     /// One workload, e.g. `amcA` (replays a reported violation with its --seed and --start).
     #[arg(long)]
     workload: Option<String>,
@@ -167,19 +188,31 @@ pub fn run(cmd: &Command) -> ExitCode {
         },
         seed: args.seed,
         stop_at_first: args.stop_at_first,
+        recovery_points: args.generations.is_some(),
         ..ExploreConfig::default()
     };
     cfg.crash.samples = args.samples;
     cfg.crash.tearing = args.tearing;
-    let default_max = if args.random.is_some() { 1024 } else { cfg.crash.exhaustive_images_max };
+    let long = args.random.is_some() || args.generations.is_some();
+    let default_max = if long { 1024 } else { cfg.crash.exhaustive_images_max };
     cfg.crash.exhaustive_images_max = args.exhaustive_images_max.unwrap_or(default_max);
     let mut jobs: Vec<(Workload, Start, bool)> = Vec::new();
     if let Some(w) = &args.workload {
         match Workload::parse(w) {
-            Ok(w) => jobs.push((w, args.start, true)),
+            // A multi-generation workload replays its one branch; others try several images
+            // at each crash (the first is the one a random run takes).
+            Ok(w) => jobs.push((w, args.start, args.generations.is_none())),
             Err(e) => {
                 eprintln!("tally crash: {e}");
                 return ExitCode::from(crate::EXIT_BAD_INPUT);
+            }
+        }
+    } else if let Some(generations) = args.generations {
+        let mut rng = fastrand::Rng::with_seed(args.seed);
+        for _ in 0..args.random.unwrap_or(20) {
+            let w = Workload::generations(&mut rng, generations as usize, args.ops_per_generation);
+            for start in Start::ALL {
+                jobs.push((w.clone(), start, false));
             }
         }
     } else if let Some(n) = args.random {
@@ -239,6 +272,13 @@ fn print_report(r: &Report, json: bool) {
     println!("crash points           {}", r.crash_points);
     println!("states checked         {} ({} distinct images)", r.states_checked, r.unique_states);
     println!("recovery crash states  {}", r.recovery_crash_states);
+    if r.generations > 0 {
+        println!(
+            "generations            {} ({} after a process crash, {} power losses inside recovery)",
+            r.generations, r.process_crashes, r.crashes_in_recovery
+        );
+        println!("points inside recovery {}", r.recovery_points);
+    }
     println!(
         "every point exhaustive {} ({} of {} passes sampled)",
         r.all_exhaustive,

@@ -17,8 +17,32 @@ pub struct FsArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
     seq: u8,
     /// With --seq 2: draw this many workloads by --seed instead of running all (about 69,000).
+    /// With --generations: how many multi-generation workloads (default 20).
     #[arg(long, value_name = "N")]
     count: Option<usize>,
+    /// Multi-generation workloads of N generations (4 when N is left out) instead of a set:
+    /// each runs --ops-per-generation steps drawn by --seed from the tree as it is, then a power
+    /// loss (an image chosen by seed, torn ones included) or a process crash (the mount runs on
+    /// the same device, its volatile cache kept), one time in three a power loss inside that
+    /// mount; every crash point inside every mount is checked. --count workloads, or --index one
+    /// of them.
+    #[arg(
+        long,
+        num_args = 0..=1,
+        default_missing_value = "4",
+        value_name = "N",
+        conflicts_with_all = ["set", "seq"],
+        value_parser = clap::value_parser!(u32).range(1..=64),
+    )]
+    generations: Option<u32>,
+    /// Steps per generation (with --generations; at most 12).
+    #[arg(
+        long,
+        default_value_t = 3,
+        requires = "generations",
+        value_parser = clap::value_parser!(u8).range(1..=12)
+    )]
+    ops_per_generation: u8,
     /// A named workload set instead of --seq: seq-1, seq-2, seq-2:N, longer (as a reported
     /// violation names it, with --index).
     #[arg(long, conflicts_with_all = ["seq", "count"])]
@@ -134,8 +158,13 @@ pub fn run(args: &FsArgs) -> ExitCode {
         },
         seed: args.seed,
         stop_at_first: args.stop_at_first,
+        generations: args.generations.unwrap_or(4),
+        ops_per_generation: usize::from(args.ops_per_generation),
         ..FsExploreConfig::default()
     };
+    if args.generations.is_some() {
+        return run_generations(cfg, args);
+    }
     let bs = u64::from(cfg.block_size);
     let set = match (&args.set, args.seq, args.count) {
         (Some(s), ..) => s.clone(),
@@ -200,6 +229,45 @@ pub fn run(args: &FsArgs) -> ExitCode {
     }
 }
 
+/// `--generations`: `--count` multi-generation workloads, or the one at `--index`.
+fn run_generations(cfg: FsExploreConfig, args: &FsArgs) -> ExitCode {
+    let jobs: Vec<usize> = match args.index {
+        Some(i) => vec![i],
+        None => (0..args.count.unwrap_or(20)).collect(),
+    };
+    let mut explorer = FsExplorer::new(cfg);
+    let progress = std::io::stderr().is_terminal();
+    let mut shown = Instant::now();
+    for (k, &i) in jobs.iter().enumerate() {
+        explorer.run_generations(i);
+        if progress && shown.elapsed() > Duration::from_millis(250) {
+            let r = explorer.report();
+            eprint!(
+                "\r{}/{} workloads, {} generations, {} states, {} violations ",
+                k + 1,
+                jobs.len(),
+                r.generations,
+                r.states_checked,
+                r.violations
+            );
+            shown = Instant::now();
+        }
+        if explorer.done() {
+            break;
+        }
+    }
+    if progress {
+        eprint!("\r\x1b[K");
+    }
+    let report = explorer.report();
+    print_report(&report, args.json);
+    if report.violations == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
 fn print_report(r: &FsReport, json: bool) {
     if json {
         match serde_json::to_string_pretty(r) {
@@ -216,6 +284,13 @@ fn print_report(r: &FsReport, json: bool) {
     );
     println!("states checked         {} ({} distinct images)", r.states_checked, r.unique_states);
     println!("recovery crash states  {}", r.recovery_crash_states);
+    if r.generations > 0 {
+        println!(
+            "generations            {} ({} after a process crash, {} power losses inside a mount)",
+            r.generations, r.process_crashes, r.crashes_in_recovery
+        );
+        println!("points inside mounts   {}", r.recovery_points);
+    }
     println!(
         "every untorn pass exhaustive {} ({} passes sampled)",
         r.all_exhaustive, r.sampled_passes

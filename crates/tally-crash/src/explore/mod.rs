@@ -14,7 +14,12 @@
 //! - I7: after recovery, a new durable commit on every stream works and survives a reopen.
 //!
 //! A crash op continues the workload from several of the images (bounded runs) or one (random
-//! runs), so sequences like commit, commit, crash, commit, crash are explored. One seed
+//! runs), so sequences like commit, commit, crash, commit, crash are explored. Multi-generation
+//! workloads (`Workload::generations`, `ExploreConfig::recovery_points`) run several
+//! generations of ops, each ending in a power loss (`c`) or a process crash (`p`: recovery on
+//! the same device, its volatile cache kept), sometimes a power loss inside that recovery
+//! (`r`); every crash point inside every recovery is judged too, and the model carries what
+//! was acknowledged and what was discarded across generations (`run/generations.rs`). One seed
 //! reproduces everything; a violation carries the command that replays it.
 
 mod model;

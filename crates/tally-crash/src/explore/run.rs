@@ -13,7 +13,10 @@ use super::workload::{Op, Workload};
 use crate::fsexplore::medium::{self, Mounted, Point, Recorder};
 use crate::fsexplore::Medium;
 use crate::{CrashConfig, CrashDevice, CrashOptions, FaultPlan};
+use generations::LastRecovery;
 use tally_media::pmem::{BlockMutant, BlockView};
+
+mod generations;
 
 /// The image a workload starts from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -63,6 +66,10 @@ pub struct ExploreConfig {
     pub medium: Medium,
     /// A deliberately broken persistent-memory block protocol (with [`Medium::Pmem`]).
     pub pmem_mutant: Option<BlockMutant>,
+    /// Multi-generation checks: record the crash points inside every recovery a workload
+    /// continues from (after `c`, `p`, `r`) and judge their images against what was committed
+    /// and acknowledged before the crash. (`p` always does; `c` otherwise only before an `r`.)
+    pub recovery_points: bool,
 }
 
 impl Default for ExploreConfig {
@@ -86,6 +93,7 @@ impl Default for ExploreConfig {
             stop_at_first: false,
             medium: Medium::Block,
             pmem_mutant: None,
+            recovery_points: false,
         }
     }
 }
@@ -126,6 +134,16 @@ pub struct Report {
     pub unique_states: u64,
     /// Images left by crashes inside recovery, recovered and compared.
     pub recovery_crash_states: u64,
+    /// Generations run: recoveries after a power loss (`c`) or a process crash (`p`) that a
+    /// workload continued from.
+    pub generations: u64,
+    /// Of those, recoveries after a process crash (`p`: the device's volatile cache kept).
+    pub process_crashes: u64,
+    /// Power losses inside a recovery that a workload continued from (`r`).
+    pub crashes_in_recovery: u64,
+    /// Crash points inside the recoveries a workload ran (`c`, `p`, `r`), judged like any other
+    /// point (also counted in `crash_points`).
+    pub recovery_points: u64,
     /// Violations found.
     pub violations: u64,
     /// Violations per invariant.
@@ -231,7 +249,7 @@ impl Explorer {
             }
         };
         let mut rng = fastrand::Rng::with_seed(self.point_seed(workload, start, usize::MAX));
-        self.run_from(workload, start, 0, &dev, log, model, branch_all, &mut rng);
+        self.run_from(workload, start, 0, &dev, log, model, branch_all, &mut rng, None);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -245,12 +263,37 @@ impl Explorer {
         mut model: Model,
         branch_all: bool,
         rng: &mut fastrand::Rng,
+        last: Option<&LastRecovery>,
     ) {
         for (i, &op) in workload.0.iter().enumerate().skip(first_op) {
             let at = At { workload, start, op_index: i };
+            match op {
+                Op::ProcessCrash => {
+                    if let Some(c) = self.process_crash(dev, log, &model, at) {
+                        self.continue_from(c, workload, start, i + 1, branch_all, rng);
+                    }
+                    return;
+                }
+                // Only right after a recovery (`c`, `p`, `r`): else it does nothing.
+                Op::CrashInRecovery => match last.filter(|l| i == first_op && !l.points.is_empty())
+                {
+                    Some(last) => {
+                        if let Some(c) = self.crash_in_recovery(last, rng, at) {
+                            self.continue_from(c, workload, start, i + 1, branch_all, rng);
+                        }
+                        return;
+                    }
+                    None => continue,
+                },
+                _ => {}
+            }
             if op == Op::Crash {
                 drop(log);
                 let mut images: Vec<Image> = match dev {
+                    // Multi-generation: the untorn images (exhaustive when few) and the torn
+                    // ones, as judged at the point, so a power loss that keeps one commit and
+                    // loses another is as likely as a torn one.
+                    _ if self.cfg.recovery_points => self.point_images(&dev.point_now(), at),
                     Recorder::Block(d) => {
                         d.inner().crash_images(self.crash_options(workload, start, i)).collect()
                     }
@@ -268,18 +311,28 @@ impl Explorer {
                     }
                 };
                 rng.shuffle(&mut images);
+                // Multi-generation: half the time first an image whose recovery cuts a
+                // transaction for a lost dependency (the one a random run takes, and the first
+                // branch of a bounded one).
+                if self.cfg.recovery_points {
+                    if let Some(k) = medium::cutting_image(&images, rng, self.open_options()) {
+                        images.swap(0, k);
+                    }
+                }
                 images.truncate(if branch_all { self.cfg.branch_max } else { 1 });
+                let record =
+                    self.cfg.recovery_points || workload.0.get(i + 1) == Some(&Op::CrashInRecovery);
                 for image in images {
                     if self.done() {
                         return;
                     }
                     let next = Recorder::new(self.cfg.medium, &image, rng.u64(..), self.view());
-                    let Ok((log, rec)) = Log::open(next.device(), self.open_options()) else {
-                        continue; // judged (I5) at the crash point before
-                    };
-                    let mut model = model.clone();
-                    model.recovered(&rec);
-                    self.run_from(workload, start, i + 1, &next, log, model, branch_all, rng);
+                    // The image was judged at the point before (I1–I7): a failing one ends
+                    // this branch.
+                    if let Some(c) = self.recover_on(next, &model, at, record, false) {
+                        self.report.generations += 1;
+                        self.continue_from(c, workload, start, i + 1, branch_all, rng);
+                    }
                 }
                 return;
             }
@@ -574,6 +627,18 @@ impl Explorer {
                 .map(Mutant::name)
                 .or(self.cfg.pmem_mutant.map(BlockMutant::name))
                 .map_or(String::new(), |m| format!(" --mutant {m}"));
+            // Multi-generation runs replay one branch: the image choices hang on every option.
+            let generations = if self.cfg.recovery_points {
+                format!(
+                    " --generations {} --samples {} --exhaustive-images-max {} --tearing {}",
+                    at.workload.generation_count().max(1),
+                    self.cfg.crash.samples,
+                    self.cfg.crash.exhaustive_images_max,
+                    self.cfg.crash.tearing
+                )
+            } else {
+                String::new()
+            };
             let start = match at.start {
                 Start::Empty => "empty",
                 Start::NearlyFull => "nearly-full",
@@ -588,7 +653,7 @@ impl Explorer {
                 message: v.message,
                 states_before: self.report.states_checked,
                 replay: format!(
-                    "tally crash log --medium {} --workload {} --start {start} --seed {}{mutant} --json",
+                    "tally crash log --medium {}{generations} --workload {} --start {start} --seed {}{mutant} --json",
                     self.cfg.medium.name(), at.workload, self.cfg.seed
                 ),
             });
@@ -716,6 +781,13 @@ fn apply(
             (0, units * (block_size as usize - 64) - 128, 2, CommitMode::Ordered, None)
         }
         Op::Dependent => (1, 24, 0, CommitMode::Ordered, model.streams[0].last().map(|t| t.id)),
+        Op::CrossDependent => (
+            0,
+            24,
+            0,
+            CommitMode::Ordered,
+            model.streams.get(1).and_then(|l| l.last()).map(|t| t.id),
+        ),
         Op::Classic => (1, 24, 1, CommitMode::Classic, None),
         Op::Sync => {
             log.sync().map_err(|e| workload_error(op, &e))?;
@@ -732,7 +804,7 @@ fn apply(
             return Ok(());
         }
         Op::Clean => return clean(log, model),
-        Op::Crash => return Ok(()),
+        Op::Crash | Op::ProcessCrash | Op::CrashInRecovery => return Ok(()),
     };
     let tag = next_tag;
     let mut tx = Transaction::new(stream);

@@ -1,5 +1,8 @@
 //! Workloads for the log explorer: short op sequences, written as one letter per op so a
-//! failing workload can be replayed from the command line (`--workload amc`).
+//! failing workload can be replayed from the command line (`--workload amc`). Multi-generation
+//! workloads (`Workload::generations`) are the same letters: a few ops, then a power loss (`c`)
+//! or a process crash (`p`), maybe a power loss inside the recovery that follows (`r`), and on
+//! to the next generation.
 
 use std::fmt;
 
@@ -27,6 +30,17 @@ pub enum Op {
     Clean,
     /// `c`: crash, then recover (the explorer branches over the crash images).
     Crash,
+    /// `e`: an ordered commit on stream 0 that depends on stream 1's last transaction (the
+    /// mirror of `d`: a stream-0 transaction a recovery may cut, left on the media right after
+    /// its stream's tail).
+    CrossDependent,
+    /// `p`: a process crash: the writes in flight complete, the log is dropped and opened again
+    /// on the same device, whose volatile cache keeps what it held (the recovery reads it).
+    ProcessCrash,
+    /// `r`: a power loss inside the recovery that just ran (after `c`, `p` or `r`): an image of
+    /// one of the crash points recorded inside it, chosen by seed, recovered in its place.
+    /// Anywhere else it does nothing.
+    CrashInRecovery,
 }
 
 impl Op {
@@ -44,6 +58,15 @@ impl Op {
         Op::Crash,
     ];
 
+    /// Ops outside the bounded alphabet ([`Op::ALL`]): multi-generation workloads use them.
+    pub const MORE: [Op; 3] = [Op::CrossDependent, Op::ProcessCrash, Op::CrashInRecovery];
+
+    /// Whether the op ends a generation: a crash the workload recovers from.
+    #[must_use]
+    pub fn is_crash(self) -> bool {
+        matches!(self, Op::Crash | Op::ProcessCrash | Op::CrashInRecovery)
+    }
+
     /// Its letter.
     #[must_use]
     pub fn letter(self) -> char {
@@ -58,13 +81,16 @@ impl Op {
             Op::Checkpoint => 'k',
             Op::Clean => 'g',
             Op::Crash => 'c',
+            Op::CrossDependent => 'e',
+            Op::ProcessCrash => 'p',
+            Op::CrashInRecovery => 'r',
         }
     }
 
     /// Parse a letter.
     #[must_use]
     pub fn from_letter(c: char) -> Option<Op> {
-        Op::ALL.into_iter().find(|op| op.letter() == c)
+        Op::ALL.into_iter().chain(Op::MORE).find(|op| op.letter() == c)
     }
 }
 
@@ -80,7 +106,7 @@ impl Workload {
     pub fn parse(s: &str) -> Result<Workload, String> {
         s.chars()
             .map(|c| {
-                Op::from_letter(c).ok_or_else(|| format!("unknown op {c:?} (ops: aAmMdlskgc)"))
+                Op::from_letter(c).ok_or_else(|| format!("unknown op {c:?} (ops: aAmMdlskgcepr)"))
             })
             .collect::<Result<Vec<_>, _>>()
             .map(Workload)
@@ -131,6 +157,56 @@ impl Workload {
             Op::Clean,
         ];
         Workload((0..ops).map(|_| WEIGHTED[rng.usize(..WEIGHTED.len())]).collect())
+    }
+}
+
+impl Workload {
+    /// A seeded multi-generation workload: `generations` times, `ops_per_generation` ops drawn
+    /// by weight (every op but `c`, `p`, `r`; cross-stream dependencies `d` and `e` often), then a power loss (`c`) or a process
+    /// crash (`p`), each followed one time in three by a power loss inside its recovery (`r`).
+    #[must_use]
+    pub fn generations(
+        rng: &mut fastrand::Rng,
+        generations: usize,
+        ops_per_generation: usize,
+    ) -> Workload {
+        // Cross-stream dependencies both ways are where a recovery cuts transactions and leaves
+        // them on the media: they weigh more than in `random`.
+        const WEIGHTED: [Op; 17] = [
+            Op::Small,
+            Op::Small,
+            Op::Small,
+            Op::SmallDurable,
+            Op::Multi,
+            Op::Multi,
+            Op::Max,
+            Op::Dependent,
+            Op::Dependent,
+            Op::Dependent,
+            Op::CrossDependent,
+            Op::CrossDependent,
+            Op::CrossDependent,
+            Op::Classic,
+            Op::Sync,
+            Op::Checkpoint,
+            Op::Clean,
+        ];
+        let mut ops = Vec::with_capacity(generations * (ops_per_generation + 2));
+        for _ in 0..generations {
+            ops.extend((0..ops_per_generation).map(|_| WEIGHTED[rng.usize(..WEIGHTED.len())]));
+            ops.push(if rng.bool() { Op::Crash } else { Op::ProcessCrash });
+            if rng.usize(..3) == 0 {
+                ops.push(Op::CrashInRecovery);
+            }
+        }
+        Workload(ops)
+    }
+
+    /// Generations of the workload: the crashes it recovers from (`c`, `p`; an `r` is a crash
+    /// inside one of their recoveries, not a generation of its own).
+    #[must_use]
+    pub fn generation_count(&self) -> usize {
+        self.0.iter().filter(|op| matches!(op, Op::Crash | Op::ProcessCrash)).count()
     }
 }
 

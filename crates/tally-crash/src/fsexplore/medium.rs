@@ -59,6 +59,7 @@ pub fn explorer_view(block_size: u32, mutant: Option<BlockMutant>) -> BlockView 
 }
 
 /// The device a workload runs on, recording crash points inside operations.
+#[derive(Clone)]
 pub(crate) enum Recorder {
     Block(Arc<RecordingDevice>),
     Pmem(Arc<PmemSimDevice>),
@@ -99,6 +100,16 @@ impl Recorder {
         match self {
             Recorder::Block(d) => d.take_points().into_iter().map(Point::Block).collect(),
             Recorder::Pmem(d) => d.take_points().into_iter().map(Point::Pmem).collect(),
+        }
+    }
+
+    /// A process crash: every write in flight completes (into the volatile cache; the device
+    /// keeps it). Persistent memory has nothing in flight: its stores are already in the
+    /// simulated caches, which a process crash leaves as they are.
+    pub(crate) fn complete_all(&self) {
+        match self {
+            Recorder::Block(d) => d.inner().complete_all(),
+            Recorder::Pmem(_) => {}
         }
     }
 
@@ -170,6 +181,32 @@ pub(crate) fn passes(
             vec![Pass { images: list, exhaustive, primary: true }]
         }
     }
+}
+
+/// Images whose recovery a power-loss choice tries, at most.
+const CUT_TRIES_MAX: usize = 64;
+
+/// Half the time, the index of an image of `images` (among the first [`CUT_TRIES_MAX`] in an
+/// order drawn from `rng`) whose recovery cuts a transaction for a lost dependency: the state
+/// that leaves a cut transaction on the media for later generations to trip over. A
+/// multi-generation power loss takes it when there is one, else an image drawn uniformly.
+pub(crate) fn cutting_image(
+    images: &[Image],
+    rng: &mut fastrand::Rng,
+    options: tally_log::OpenOptions,
+) -> Option<usize> {
+    if !rng.bool() {
+        return None;
+    }
+    let mut order: Vec<usize> = (0..images.len()).collect();
+    rng.shuffle(&mut order);
+    order.into_iter().take(CUT_TRIES_MAX).find(|&i| {
+        let dev = Arc::new(tally_media::MemDevice::from_image(images[i].clone()));
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            tally_log::Log::open(dev, options)
+        }));
+        matches!(opened, Ok(Ok((_, rec))) if rec.streams.iter().any(|s| s.cut_by_dependency > 0))
+    })
 }
 
 /// A judged image mounted on its medium, with what a later check needs.

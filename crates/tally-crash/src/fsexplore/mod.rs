@@ -21,6 +21,11 @@
 //!   crash;
 //! - I6 idempotence: every image a crash right after recovery leaves mounts to the same tree.
 //!
+//! Multi-generation workloads (`FsExplorer::run_generations`, `run/generations.rs`) continue
+//! after crashes: steps on the recovered tree, a power loss or a process crash (the mount runs
+//! on the same device, its volatile cache kept), sometimes a power loss inside that mount, and
+//! again, with every crash point inside every mount judged.
+//!
 //! One seed reproduces everything; `docs/FS-CRASH-TESTING.md` has the counts.
 
 pub(crate) mod medium;

@@ -17,9 +17,11 @@ use super::model::{
     MROOT,
 };
 use super::workload::{
-    pattern, resolve, step_tag, FsOp, FsWorkload, Persist, TxnEnd, WriteKind, START_XATTR,
+    pattern, resolve, step_tag, FsOp, FsWorkload, Persist, Step, TxnEnd, WriteKind, START_XATTR,
 };
 use tally_media::pmem::{BlockMutant, BlockView};
+
+mod generations;
 
 /// What to explore, and how hard.
 #[derive(Debug, Clone)]
@@ -55,6 +57,10 @@ pub struct FsExploreConfig {
     pub seed: u64,
     /// Stop at the first violation.
     pub stop_at_first: bool,
+    /// Generations of a multi-generation workload ([`FsExplorer::run_generations`]).
+    pub generations: u32,
+    /// Steps per generation (at most [`super::model::HISTORY_OPS_MAX`]).
+    pub ops_per_generation: usize,
 }
 
 impl Default for FsExploreConfig {
@@ -74,6 +80,8 @@ impl Default for FsExploreConfig {
             pmem_mutant: None,
             seed: 1,
             stop_at_first: false,
+            generations: 4,
+            ops_per_generation: 3,
         }
     }
 }
@@ -117,6 +125,16 @@ pub struct FsReport {
     pub unique_states: u64,
     /// Images of a crash right after recovery, mounted again (I6).
     pub recovery_crash_states: u64,
+    /// Generations run by multi-generation workloads: mounts after a power loss or a process
+    /// crash that a workload continued from.
+    pub generations: u64,
+    /// Of those, mounts after a process crash (the device's volatile cache kept).
+    pub process_crashes: u64,
+    /// Power losses inside such a mount that a workload continued from.
+    pub crashes_in_recovery: u64,
+    /// Crash points inside those mounts, judged like any other point (also counted in
+    /// `crash_points`).
+    pub recovery_points: u64,
     /// Violations found.
     pub violations: u64,
     /// Violations per invariant.
@@ -157,6 +175,8 @@ pub struct FsExplorer {
     unique: HashSet<u64>,
     started: Instant,
     start: Option<Result<FsStart, String>>,
+    /// What a multi-generation workload did so far (steps and crashes), for its report.
+    trace: Option<String>,
 }
 
 /// Where we are, for reporting.
@@ -167,6 +187,13 @@ struct At<'a> {
     workload: &'a FsWorkload,
     step: usize,
     what: &'static str,
+}
+
+/// The file system a workload runs on, and its device.
+#[derive(Clone, Copy)]
+struct Live<'a> {
+    fs: &'a Fs,
+    dev: &'a Recorder,
 }
 
 /// Name of the file the forward-progress check creates (never used by workloads).
@@ -198,6 +225,7 @@ impl FsExplorer {
             unique: HashSet::new(),
             started: Instant::now(),
             start: None,
+            trace: None,
         }
     }
 
@@ -380,64 +408,77 @@ impl FsExplorer {
         let mut map = start.map.clone();
         let mut state = start.state.clone();
         let mut hist = History::new(start.state.clone(), self.cfg.streams == 1);
-        let bs = self.bs();
         for (i, step) in workload.0.iter().enumerate() {
-            // The operation.
             let at = At { set, index, workload, step: i, what: "op" };
-            dev.set_recording(self.cfg.crash_inside_ops);
-            let before = hist.clone();
-            let done = catch_unwind(AssertUnwindSafe(|| {
-                run_op(&fs, &mut map, &mut state, &mut hist, &step.op, step_tag(i), bs)
-            }));
-            let inside = dev.take_points();
-            let done = match done {
-                Ok(r) => r,
-                Err(_) => Err(format!("`{}` panicked", step.op)),
-            };
-            if let Err(message) = done {
-                self.record(at, FsViolation { invariant: FsInvariant::I1Atomicity, message });
-                return;
-            }
-            if let Err(v) = self.live_check(&fs, &state, &step.op) {
-                self.record(at, v);
-                return;
-            }
-            // Inside the op nothing it does is acknowledged: the history with the op (present
-            // or not) and the acknowledgements from before it.
-            let mut inside_hist = hist.clone();
-            inside_hist.acked = before.acked;
-            if !self.points(&inside, &inside_hist, At { what: "inside op", ..at }) {
-                return;
-            }
-            if !self.points(&[dev.point_now()], &hist, at) {
-                return;
-            }
-            // The persistence call.
-            if step.persist == Persist::Nothing {
-                continue;
-            }
-            let at = At { what: "persist", ..at };
-            dev.set_recording(self.cfg.crash_inside_ops);
-            let before = hist.clone();
-            let done = catch_unwind(AssertUnwindSafe(|| {
-                run_persist(&fs, &map, &state, &mut hist, &step.persist)
-            }));
-            let inside = dev.take_points();
-            let done = match done {
-                Ok(r) => r,
-                Err(_) => Err(format!("`{}` panicked", step.persist)),
-            };
-            if let Err(message) = done {
-                self.record(at, FsViolation { invariant: FsInvariant::I3Durability, message });
-                return;
-            }
-            if !self.points(&inside, &before, At { what: "inside persist", ..at }) {
-                return;
-            }
-            if !self.points(&[dev.point_now()], &hist, at) {
+            let live = Live { fs: &fs, dev: &dev };
+            if !self.run_step(live, (&mut map, &mut state, &mut hist), step, step_tag(i), at) {
                 return;
             }
         }
+    }
+
+    /// Run one step (its operation, then its persistence call) on the live file system and the
+    /// model, checking every crash point; false when the workload should stop.
+    fn run_step(
+        &mut self,
+        live: Live<'_>,
+        (map, state, hist): (&mut BTreeMap<MIno, Ino>, &mut MState, &mut History),
+        step: &Step,
+        tag: u64,
+        at: At<'_>,
+    ) -> bool {
+        let Live { fs, dev } = live;
+        let bs = self.bs();
+        // The operation.
+        dev.set_recording(self.cfg.crash_inside_ops);
+        let before = hist.clone();
+        let done =
+            catch_unwind(AssertUnwindSafe(|| run_op(fs, map, state, hist, &step.op, tag, bs)));
+        let inside = dev.take_points();
+        let done = match done {
+            Ok(r) => r,
+            Err(_) => Err(format!("`{}` panicked", step.op)),
+        };
+        if let Err(message) = done {
+            self.record(at, FsViolation { invariant: FsInvariant::I1Atomicity, message });
+            return false;
+        }
+        if let Err(v) = self.live_check(fs, state, &step.op) {
+            self.record(at, v);
+            return false;
+        }
+        // Inside the op nothing it does is acknowledged: the history with the op (present
+        // or not) and the acknowledgements from before it.
+        let mut inside_hist = hist.clone();
+        inside_hist.acked = before.acked;
+        if !self.points(&inside, &inside_hist, At { what: "inside op", ..at }) {
+            return false;
+        }
+        if !self.points(&[dev.point_now()], hist, at) {
+            return false;
+        }
+        // The persistence call.
+        if step.persist == Persist::Nothing {
+            return true;
+        }
+        let at = At { what: "persist", ..at };
+        dev.set_recording(self.cfg.crash_inside_ops);
+        let before = hist.clone();
+        let done =
+            catch_unwind(AssertUnwindSafe(|| run_persist(fs, map, state, hist, &step.persist)));
+        let inside = dev.take_points();
+        let done = match done {
+            Ok(r) => r,
+            Err(_) => Err(format!("`{}` panicked", step.persist)),
+        };
+        if let Err(message) = done {
+            self.record(at, FsViolation { invariant: FsInvariant::I3Durability, message });
+            return false;
+        }
+        if !self.points(&inside, &before, At { what: "inside persist", ..at }) {
+            return false;
+        }
+        self.points(&[dev.point_now()], hist, at)
     }
 
     /// The live file system must show the model's full state after every operation (an abort
@@ -637,19 +678,31 @@ impl FsExplorer {
             );
         }
         if self.report.first_violation.is_none() {
+            let (workload, set) = match &self.trace {
+                Some(trace) => (
+                    format!("{trace}{}", at.workload),
+                    format!(
+                        "generations {} --ops-per-generation {} --samples {} --torn-samples {}",
+                        self.cfg.generations,
+                        self.cfg.ops_per_generation,
+                        self.cfg.samples,
+                        self.cfg.torn_samples
+                    ),
+                ),
+                None => (at.workload.to_string(), format!("set {}", at.set)),
+            };
             self.report.first_violation = Some(FsFirstViolation {
                 seed: self.cfg.seed,
                 set: at.set.to_string(),
                 index: at.index,
-                workload: at.workload.to_string(),
+                workload,
                 at: format!("step {} ({})", at.step, at.what),
                 invariant: v.invariant,
                 message: v.message,
                 states_before: self.report.states_checked,
                 replay: format!(
-                    "tally crash fs --medium {} --set {} --index {} --seed {} --streams {}{}{}{}",
+                    "tally crash fs --medium {} --{set} --index {} --seed {} --streams {}{}{}{}",
                     self.cfg.medium.name(),
-                    at.set,
                     at.index,
                     self.cfg.seed,
                     self.cfg.streams,
