@@ -68,8 +68,7 @@ fn run(mutant: Option<tally_log::Mutant>, seed: u64) -> Vec<String> {
         let image = point.durable_image().clone();
         // A recovery that refuses the image (it proves a durable transaction lost) also fails
         // the acknowledgement: the commit is not readable.
-        let rec = match Log::open(Arc::new(MemDevice::from_image(image)), OpenOptions::default())
-        {
+        let rec = match Log::open(Arc::new(MemDevice::from_image(image)), OpenOptions::default()) {
             Ok((_, rec)) => rec,
             Err(e) => {
                 failures.push(format!(
