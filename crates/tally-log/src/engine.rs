@@ -528,7 +528,7 @@ impl Log {
             durable_watermark: st.durable,
             payload_len: 0,
         };
-        let start = self.segment_start(st.segment) + u64::from(st.offset);
+        let start = self.segment_start(st.segment).saturating_add(u64::from(st.offset));
         let written = unit_count + data_count;
         let mut buf = IoBuf::zeroed(written as usize * bs);
         for (i, (chunk, block)) in body.chunks(cap).zip(buf.chunks_exact_mut(bs)).enumerate() {
@@ -657,7 +657,11 @@ impl Log {
     }
 
     pub(crate) fn segment_start(&self, segment: u32) -> u64 {
-        self.first_segment_block + u64::from(segment) * u64::from(self.segment_blocks)
+        // Exact for every segment of the log (the superblock's `validate` checked that they all
+        // fit the device); a segment past it (a bug, or a value from the device that escaped a
+        // check) saturates to a block no device has, so I/O on it fails instead of wrapping.
+        let offset = u64::from(segment).saturating_mul(u64::from(self.segment_blocks));
+        self.first_segment_block.saturating_add(offset)
     }
 
     /// Submit whatever is queued on stream `s`, unless another thread is already doing so (it
@@ -883,8 +887,11 @@ impl Log {
         mut sb: Superblock,
         durable: bool,
     ) -> Result<()> {
-        sb.generation = state.sb.generation.checked_add(1).ok_or_else(|| {
-            LogError::Invalid("superblock generation exhausted (2^64 updates)".into())
+        // Only a generation read from the device can be u64::MAX (2^64 updates cannot happen).
+        sb.generation = state.sb.generation.checked_add(1).ok_or_else(|| LogError::Corrupted {
+            what: "superblock",
+            block: SB_BLOCKS.get(state.slot).copied().unwrap_or_default(),
+            reason: "generation u64::MAX cannot be incremented".into(),
         })?;
         let slot = 1 - state.slot;
         let buf = IoBuf::from_slice(&sb.encode());

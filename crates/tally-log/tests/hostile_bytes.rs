@@ -14,7 +14,7 @@ use tally_log::format::body::Body;
 use tally_log::format::crc_seeded;
 use tally_log::format::superblock::{Superblock, SB_BLOCKS};
 use tally_log::format::unit::{UnitHeader, UnitKind};
-use tally_log::{Log, LogConfig, OpenOptions, Recovery, Result, Transaction};
+use tally_log::{Log, LogConfig, LogError, OpenOptions, Recovery, Result, Transaction};
 use tally_media::{Device, IoBuf, MemDevice, Write, WriteFlags};
 
 /// Counts, per thread, the largest single allocation: a forged length must not turn into one.
@@ -176,6 +176,21 @@ fn superblock_generation_at_u64_max_does_not_wrap_and_lose_to_the_stale_copy() {
     refused_or_unwrapped(&dev);
     // The forged copy is still the one in force: nothing with a wrapped generation beat it.
     assert_eq!(winner(&dev).0.generation, u64::MAX);
+}
+
+/// A generation that cannot be incremented was read from the device (2^64 updates cannot
+/// happen): corruption, reported as such, not an invalid argument.
+#[test]
+fn superblock_generation_at_u64_max_is_corruption() {
+    let dev = with_transactions(3);
+    forge_superblock(&dev, |sb| sb.generation = u64::MAX);
+    match open(&dev) {
+        Err(LogError::Corrupted { what: "superblock", reason, .. }) => {
+            assert!(reason.contains("generation"), "{reason}");
+        }
+        Err(e) => panic!("not reported as corruption: {e}"),
+        Ok(_) => panic!("a superblock generation of u64::MAX was accepted"),
+    }
 }
 
 #[test]
