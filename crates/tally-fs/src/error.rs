@@ -41,6 +41,10 @@ pub enum FsError {
     /// The operation is not allowed on this object (hard link to a directory, …).
     #[error("operation not permitted")]
     NotPermitted,
+    /// Something this file system does not do (POSIX ACLs, some `fallocate` modes): the
+    /// caller falls back (to `chmod`, to writing zeros).
+    #[error("operation not supported: {0}")]
+    NotSupported(&'static str),
     /// The extended attribute does not exist.
     #[error("no such attribute")]
     NoAttr,
@@ -88,6 +92,7 @@ impl FsError {
             FsError::FileTooBig => libc::EFBIG,
             FsError::TooManyLinks => libc::EMLINK,
             FsError::NotPermitted => libc::EPERM,
+            FsError::NotSupported(_) => libc::EOPNOTSUPP,
             FsError::NoAttr => libc::ENODATA,
             FsError::Range => libc::ERANGE,
             FsError::Busy => libc::EBUSY,

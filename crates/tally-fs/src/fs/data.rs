@@ -13,6 +13,22 @@ use super::{touch_times, Fs, Txn};
 /// truncate and a change of owner.
 const XATTR_CAPABILITY: &[u8] = b"security.capability";
 
+/// The prefix of the attributes that hold POSIX ACLs (`system.posix_acl_access`,
+/// `system.posix_acl_default`).
+const XATTR_POSIX_ACL_PREFIX: &[u8] = b"system.posix_acl_";
+
+/// Tally has no POSIX ACLs: their attributes are refused with `EOPNOTSUPP`, as ext4 mounted
+/// `noacl` does, so tools that copy ACLs (GNU sed -i, cp -a, rsync -A, tar --acls, setfacl
+/// with an ACL the mode can express) fall back to `chmod` and the mode is what they set.
+/// Stored as a plain attribute, an ACL would change nothing (the kernel checks the mode) and
+/// the mode would not follow it (`sed -i` left files 0600).
+pub(crate) fn refuse_posix_acl(name: &[u8]) -> Result<()> {
+    if name.starts_with(XATTR_POSIX_ACL_PREFIX) {
+        return Err(FsError::NotSupported("POSIX ACLs (the mode is the only permission)"));
+    }
+    Ok(())
+}
+
 /// Take away what Linux takes from a file when it is written, truncated or given to another
 /// owner: its `security.capability` attribute, and when `suidgid`, its set-user-ID bit and its
 /// set-group-ID bit if it is group-executable (without group execution the bit marks mandatory
@@ -358,7 +374,7 @@ impl Fs {
     ///
     /// # Errors
     /// `ENOENT`, `EEXIST` (create), `ENODATA` (replace), `ERANGE` (name or value too long),
-    /// `EINVAL` (empty name), `ENOSPC`, `EBUSY`.
+    /// `EINVAL` (empty name), `EOPNOTSUPP` (a POSIX ACL), `ENOSPC`, `EBUSY`.
     pub fn setxattr(
         &self,
         txn: Option<&Txn>,
@@ -370,6 +386,7 @@ impl Fs {
         if name.is_empty() {
             return Err(FsError::Invalid("empty attribute name"));
         }
+        refuse_posix_acl(name)?;
         if name.len() > XATTR_NAME_MAX || value.len() > XATTR_VALUE_MAX {
             return Err(FsError::Range);
         }
@@ -392,8 +409,9 @@ impl Fs {
     /// Remove an extended attribute.
     ///
     /// # Errors
-    /// `ENOENT`, `ENODATA`, `EBUSY`.
+    /// `ENOENT`, `ENODATA`, `EOPNOTSUPP` (a POSIX ACL), `EBUSY`.
     pub fn removexattr(&self, txn: Option<&Txn>, ino: Ino, name: &[u8]) -> Result<()> {
+        refuse_posix_acl(name)?;
         self.op(txn, ino, false, |st, cx| {
             if !st.inode(ino)?.xattrs.contains_key(name) {
                 return Err(FsError::NoAttr.into());

@@ -169,17 +169,21 @@ impl Fs {
     /// An extended attribute's value.
     ///
     /// # Errors
-    /// `ENOENT`, `ENODATA`.
+    /// `ENOENT`, `ENODATA`, `EOPNOTSUPP` (a POSIX ACL: there are none).
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        super::data::refuse_posix_acl(name)?;
         let st = lock(&self.state)?;
         st.inode(ino)?.xattrs.get(name).map(|x| x.value.clone()).ok_or(FsError::NoAttr)
     }
 
-    /// Names of an inode's extended attributes.
+    /// Names of an inode's extended attributes (an ACL an older version stored as a plain
+    /// attribute is left out: it never meant anything, and can no longer be read).
     ///
     /// # Errors
     /// `ENOENT`.
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
-        Ok(lock(&self.state)?.inode(ino)?.xattrs.keys().cloned().collect())
+        let st = lock(&self.state)?;
+        let names = st.inode(ino)?.xattrs.keys();
+        Ok(names.filter(|n| super::data::refuse_posix_acl(n).is_ok()).cloned().collect())
     }
 }

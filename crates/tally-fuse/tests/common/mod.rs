@@ -165,3 +165,53 @@ pub fn wait_until(what: &str, within: Duration, mut cond: impl FnMut() -> bool) 
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// An ext4 file system on a loop device, mounted beside a Tally mount so a test can run the
+/// same commands on both; unmounted (and its loop device detached) on drop.
+pub struct Ext4 {
+    /// The mount directory.
+    pub dir: PathBuf,
+}
+
+impl Ext4 {
+    /// A 64 MiB ext4 image in `root`, mounted with `options` (`-o loop,OPTIONS`). Needs root,
+    /// `mkfs.ext4` and loop devices: a test that compares with ext4 fails without them (they
+    /// are as much a part of it as FUSE).
+    pub fn new(root: &Path, options: &str) -> Ext4 {
+        let image = root.join("ext4.img");
+        let dir = root.join("ext4");
+        fs::create_dir_all(&dir).unwrap();
+        File::create(&image).unwrap().set_len(64 << 20).unwrap();
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new(args[0]).args(&args[1..]).output().unwrap();
+            assert!(
+                out.status.success(),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        };
+        let image_s = image.display().to_string();
+        let dir_s = dir.display().to_string();
+        run(&["mkfs.ext4", "-q", "-F", &image_s]);
+        run(&["mount", "-o", &format!("loop,{options}"), &image_s, &dir_s]);
+        Ext4 { dir }
+    }
+}
+
+impl Drop for Ext4 {
+    fn drop(&mut self) {
+        // `mount -o loop` made the loop device auto-clearing: unmounting detaches it.
+        let _ = std::process::Command::new("umount").arg(&self.dir).status();
+    }
+}
+
+/// Run `script` with `sh -c` in `dir`, with umask 022; its standard output and error together,
+/// and whether it succeeded.
+pub fn sh_in(dir: &Path, script: &str) -> (String, bool) {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("umask 022; cd '{}' && {{ {script}\n}} 2>&1", dir.display()))
+        .output()
+        .unwrap();
+    (String::from_utf8_lossy(&out.stdout).into_owned(), out.status.success())
+}
