@@ -40,6 +40,14 @@
 //! Recovery writes the seals, then the superblock (the other copy, then a flush), so a crash
 //! inside it leaves either the old or the new superblock, and running it again gives the same
 //! result (the seals only overwrite places no survivor occupies).
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::indexing_slicing,
+        clippy::arithmetic_side_effects,
+        clippy::cast_possible_truncation
+    )
+)]
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -50,9 +58,10 @@ use tally_media::{Device, IoBuf, Write, WriteFlags};
 use crate::engine::{crc_padded, Placed, SbState, Stream};
 use crate::error::corrupted;
 use crate::format::body::{Body, TxId};
+use crate::format::codec::widen;
 use crate::format::superblock::{StreamRoot, Superblock, SB_BLOCKS};
 use crate::format::unit::{UnitHeader, UnitKind, FLAG_CLASSIC};
-use crate::space::Space;
+use crate::space::{Claims, Owner, Space};
 use crate::{Log, LogError, Mutant, OpenOptions, Result};
 
 /// A transaction that survived.
@@ -160,18 +169,25 @@ struct SegmentCache {
 }
 
 impl SegmentCache {
-    /// `count` blocks at `offset` of `segment` (the caller checked they fit the segment).
+    /// `count` blocks at `offset` of `segment` (the caller checked they fit the segment;
+    /// [`LogError::Corrupted`] if they do not).
     fn blocks(&mut self, ctx: &Ctx<'_>, segment: u32, offset: u32, count: u64) -> Result<&[u8]> {
-        let bs = ctx.sb.block_size as usize;
+        let sb = ctx.sb;
+        let outside = || {
+            let reason = format!("blocks {offset}+{count} of segment {segment} are outside it");
+            corrupted("log unit", sb.segment_start(segment), reason)
+        };
         if self.segment != Some(segment) {
             self.segment = None;
-            self.bytes.resize(ctx.sb.segment_blocks as usize * bs, 0);
-            ctx.dev.read(ctx.sb.segment_start(segment), &mut self.bytes)?;
-            self.blocks_read += u64::from(ctx.sb.segment_blocks);
+            let len = byte_len(sb, u64::from(sb.segment_blocks)).ok_or_else(outside)?;
+            self.bytes.resize(len, 0);
+            ctx.dev.read(block_in(sb, segment, 0)?, &mut self.bytes)?;
+            self.blocks_read = self.blocks_read.saturating_add(u64::from(sb.segment_blocks));
             self.segment = Some(segment);
         }
-        let start = offset as usize * bs;
-        Ok(&self.bytes[start..start + count as usize * bs])
+        let start = byte_len(sb, u64::from(offset)).ok_or_else(outside)?;
+        let end = byte_len(sb, count).and_then(|n| n.checked_add(start)).ok_or_else(outside)?;
+        self.bytes.get(start..end).ok_or_else(outside)
     }
 }
 
@@ -208,16 +224,19 @@ impl Log {
         let ctx = Ctx { dev: &*dev, sb: &sb, options, stop_after_seq: u64::MAX };
         // Streams are scanned in parallel, one thread each, when the log is large enough for
         // that to pay; a small log is scanned faster than a thread starts.
-        let log_blocks = u64::from(sb.segment_count) * u64::from(sb.segment_blocks);
+        let log_blocks = u64::from(sb.segment_count).saturating_mul(u64::from(sb.segment_blocks));
         let parallel = sb.streams.len() > 1 && log_blocks >= PARALLEL_SCAN_BLOCKS_MIN;
+        // The superblock's stream count is a u16 field.
+        let stream_count = u16::try_from(sb.streams.len())
+            .map_err(|_| corrupted("superblock", 0, "more than 2^16 streams"))?;
         let scans: Vec<Result<Scan>> = if !parallel {
-            (0..sb.streams.len()).map(|s| scan_stream(&ctx, s as u16)).collect()
+            (0..stream_count).map(|s| scan_stream(&ctx, s)).collect()
         } else {
             std::thread::scope(|scope| {
-                let handles: Vec<_> = (0..sb.streams.len())
+                let handles: Vec<_> = (0..stream_count)
                     .map(|s| {
                         let ctx = &ctx;
-                        scope.spawn(move || scan_stream(ctx, s as u16))
+                        scope.spawn(move || scan_stream(ctx, s))
                     })
                     .collect();
                 handles
@@ -231,13 +250,12 @@ impl Log {
             })
         };
         let mut scans = scans.into_iter().collect::<Result<Vec<Scan>>>()?;
-        let mut cut = vec![0usize; scans.len()];
         if !ctx.mutant(Mutant::NoDependencyClosure) {
-            close_dependencies(&sb, &mut scans, &mut cut);
+            close_dependencies(&sb, &mut scans);
         }
         let scan_time = started.elapsed();
-        let blocks_scanned = scans.iter().map(|s| s.blocks).sum();
-        let damage = find_damage(&ctx, &scans);
+        let blocks_scanned = scans.iter().fold(0u64, |n, s| n.saturating_add(s.blocks));
+        let damage = find_damage(&ctx, &scans)?;
         if let Some(d) = damage.first() {
             if !options.salvage && !ctx.mutant(Mutant::WatermarkIgnored) {
                 return Err(LogError::DurableTransactionLost {
@@ -258,33 +276,41 @@ impl Log {
             }
         }
 
+        // Every stream's chain, each segment held once, checked before anything is written.
+        let chains = claim_chains(&ctx, &scans)?;
         // New epoch for every stream, durable before any new write.
         let mut new_sb = sb.clone();
         new_sb.snapshot = None;
         let bump = !ctx.mutant(Mutant::NoEpochBump);
+        if bump && sb.generation.checked_add(1).is_none() {
+            // Refused before the seals: recovery writes nothing on an image it cannot finish.
+            let block = SB_BLOCKS.get(slot).copied().unwrap_or_default();
+            return Err(corrupted(
+                "superblock",
+                block,
+                "generation u64::MAX cannot be incremented",
+            ));
+        }
         let mut streams = Vec::with_capacity(scans.len());
         let mut report = Vec::with_capacity(scans.len());
+        let mut roots = Vec::with_capacity(scans.len());
         let mut used = Vec::new();
         let mut seals = Vec::new();
-        for (s, scan) in scans.into_iter().enumerate() {
-            let root = sb.streams[s];
+        for (s, ((scan, chain), &root)) in
+            scans.into_iter().zip(chains).zip(&sb.streams).enumerate()
+        {
             let tail = scan.txs.last().map_or(root.checkpoint_seq, |t| t.0.id.seq);
             let new_root =
                 if bump { next_root(&ctx, root, tail, scan.max_seq_seen, s)? } else { root };
-            new_sb.streams[s] = new_root;
+            roots.push(new_root);
             let next_seq = if bump { new_root.resume_seq } else { tail.saturating_add(1) };
-            // Segments the chain holds: those of the survivors, plus the reserved next one.
-            let mut chain: VecDeque<u32> = scan.chain.iter().copied().collect();
-            while chain.back().is_some_and(|&seg| seg != scan.end_segment) {
-                chain.pop_back();
-            }
             used.extend(chain.iter().copied());
             used.push(scan.next_segment);
             if !ctx.mutant(Mutant::NoTailSeal) {
                 if scan.end_offset < sb.segment_blocks {
-                    seals.push(sb.segment_start(scan.end_segment) + u64::from(scan.end_offset));
+                    seals.push(block_in(&sb, scan.end_segment, scan.end_offset)?);
                 }
-                seals.push(sb.segment_start(scan.next_segment));
+                seals.push(block_in(&sb, scan.next_segment, 0)?);
             }
             streams.push(Stream {
                 epoch: new_root.epoch,
@@ -293,7 +319,7 @@ impl Log {
                 seq_limit: if bump { new_root.seq_limit } else { u64::MAX },
                 segment: scan.end_segment,
                 offset: if ctx.mutant(Mutant::ResumeOverwritesTail) && !scan.txs.is_empty() {
-                    scan.end_offset - 1
+                    scan.end_offset.saturating_sub(1)
                 } else {
                     scan.end_offset
                 },
@@ -308,11 +334,12 @@ impl Log {
             });
             report.push(StreamRecovery {
                 txs: scan.txs.into_iter().map(|t| t.0).collect(),
-                cut_by_dependency: cut[s],
+                cut_by_dependency: scan.cut_seqs.len(),
                 checkpoint_seq: root.checkpoint_seq,
                 epoch: new_root.epoch,
             });
         }
+        new_sb.streams = roots;
         // Seals, and whatever the scan read from the device's volatile cache, durable before
         // the superblock that vouches for them (module docs, 1 and 3).
         if !seals.is_empty() {
@@ -347,13 +374,15 @@ impl Log {
         }
         let mut streams = Vec::with_capacity(restored.len());
         let mut report = Vec::with_capacity(restored.len());
+        let mut roots = Vec::with_capacity(restored.len());
         let mut used = Vec::new();
         let ctx = Ctx { dev: &*dev, sb: &sb, options, stop_after_seq: u64::MAX };
-        for (s, r) in restored.into_iter().enumerate() {
-            let root = sb.streams[s];
+        // The snapshot loader checked one state per stream root, and that they hold disjoint
+        // segments (`space::Claims`).
+        for (s, (r, &root)) in restored.into_iter().zip(&sb.streams).enumerate() {
             let tail = r.last_seq;
             let new_root = next_root(&ctx, root, tail, tail, s)?;
-            new_sb.streams[s] = new_root;
+            roots.push(new_root);
             used.extend(r.chain.iter().copied());
             used.push(r.next_segment);
             let mut stream = r.into_stream(new_root.epoch, new_root.resume_seq);
@@ -366,6 +395,7 @@ impl Log {
                 epoch: new_root.epoch,
             });
         }
+        new_sb.streams = roots;
         let space = Space::new(sb.segment_count, used);
         let log = Log::from_parts(dev, SbState { sb, slot }, streams, space, options);
         {
@@ -384,6 +414,60 @@ impl Log {
             },
         ))
     }
+}
+
+/// The segments each stream's chain holds after the scan (those of its survivors, from its
+/// checkpoint segment to its end segment; its reserved next segment comes on top), claimed
+/// together with the next segments and the clean-close snapshot's first segment: each held by
+/// one owner and inside the log. Units decide where a chain continues, so forged ones could
+/// lead it into another stream's segment; [`LogError::Corrupted`], naming the stream and the
+/// segment, before anything is written, instead of a [`Space`] that hands one segment to two
+/// owners (one overwriting the other's durable transactions; both releasing it).
+fn claim_chains(ctx: &Ctx<'_>, scans: &[Scan]) -> Result<Vec<VecDeque<u32>>> {
+    let sb = ctx.sb;
+    let mut claims = Claims::new(sb.segment_count);
+    let refused = |segment: u32, why: String| {
+        corrupted("stream chain", sb.segment_start(segment), format!("{why}; chains overlap"))
+    };
+    // The superblock points at a snapshot only while nothing was written after the clean
+    // close (open clears the pointer first), so no chain can hold its first segment. (The
+    // snapshot-kept mutant writes on after it, on purpose.)
+    if let Some(first) = sb.snapshot.filter(|_| !ctx.mutant(Mutant::SnapshotKept)) {
+        claims.claim(first, Owner::Snapshot).map_err(|why| refused(first, why))?;
+    }
+    let mut chains = Vec::with_capacity(scans.len());
+    for (s, scan) in scans.iter().enumerate() {
+        let s16 = u16::try_from(s).map_err(|_| corrupted("superblock", 0, "stream count"))?;
+        let mut chain: VecDeque<u32> = scan.chain.iter().copied().collect();
+        while chain.back().is_some_and(|&seg| seg != scan.end_segment) {
+            chain.pop_back();
+        }
+        for &seg in &chain {
+            claims.claim(seg, Owner::Chain(s16)).map_err(|why| refused(seg, why))?;
+        }
+        let next = scan.next_segment;
+        claims.claim(next, Owner::Next(s16)).map_err(|why| refused(next, why))?;
+        chains.push(chain);
+    }
+    Ok(chains)
+}
+
+/// Block number of block `offset` of `segment`: [`LogError::Corrupted`] unless the segment is
+/// one of the log's and the offset at most its end (then the sum is exact: the superblock's
+/// `validate` checked that every segment fits the device).
+fn block_in(sb: &Superblock, segment: u32, offset: u32) -> Result<u64> {
+    if segment < sb.segment_count && offset <= sb.segment_blocks {
+        if let Some(block) = sb.segment_start(segment).checked_add(u64::from(offset)) {
+            return Ok(block);
+        }
+    }
+    let reason = format!("block {offset} of segment {segment} is outside the log");
+    Err(corrupted("stream chain", sb.segment_start(segment), reason))
+}
+
+/// Bytes in `blocks` blocks of the log, if that fits a `usize`.
+fn byte_len(sb: &Superblock, blocks: u64) -> Option<usize> {
+    usize::try_from(blocks).ok()?.checked_mul(usize::try_from(sb.block_size).ok()?)
 }
 
 /// The root stream `s` gets from a recovery that kept it up to `tail`: a new epoch, and
@@ -407,41 +491,46 @@ fn next_root(
 
 /// Streams whose chain, after the dependency closure, ends before a transaction that one of
 /// its units proves durable.
-fn find_damage(ctx: &Ctx<'_>, scans: &[Scan]) -> Vec<Damage> {
+fn find_damage(ctx: &Ctx<'_>, scans: &[Scan]) -> Result<Vec<Damage>> {
     let sb = ctx.sb;
     let mut damage = Vec::new();
-    for (s, scan) in scans.iter().enumerate() {
-        let root = sb.streams[s];
+    for (s, (scan, root)) in (0u16..).zip(scans.iter().zip(&sb.streams)) {
         let kept_seq = scan.txs.last().map_or(root.checkpoint_seq, |t| t.0.id.seq);
         let proven_seq = scan.watermark.max(scan.beyond.watermark);
         if proven_seq <= kept_seq {
             continue;
         }
         let block = if scan.end_offset < sb.segment_blocks {
-            sb.segment_start(scan.end_segment) + u64::from(scan.end_offset)
+            block_in(sb, scan.end_segment, scan.end_offset)?
         } else {
-            sb.segment_start(scan.next_segment)
+            block_in(sb, scan.next_segment, 0)?
         };
         let mut dropped: BTreeSet<u64> = scan.cut_seqs.iter().copied().collect();
         dropped.extend(scan.beyond.seqs.iter().copied().filter(|&q| q > kept_seq));
         damage.push(Damage {
-            stream: s as u16,
+            stream: s,
             kept_seq,
             block,
             proven_seq,
             dropped_seqs: dropped.into_iter().collect(),
         });
     }
-    damage
+    Ok(damage)
 }
 
 /// Look past the end of stream `s`'s chain for units of the stream written after its last
 /// survivor: the rest of the end segment, the reserved next segment, and every segment those
 /// units name as next (bounded: each segment is visited once).
-fn probe_beyond(ctx: &Ctx<'_>, cache: &mut SegmentCache, s: u16, scan: &Scan) -> Result<Beyond> {
+fn probe_beyond(
+    ctx: &Ctx<'_>,
+    cache: &mut SegmentCache,
+    (s, root): (u16, StreamRoot),
+    scan: &Scan,
+) -> Result<Beyond> {
     let sb = ctx.sb;
-    let last_seq =
-        scan.txs.last().map_or(sb.streams[usize::from(s)].checkpoint_seq, |t| t.0.id.seq);
+    let last_seq = scan.txs.last().map_or(root.checkpoint_seq, |t| t.0.id.seq);
+    // Each (segment, start) is visited once; the starts are the end offset and block 0.
+    let visited_max = usize::try_from(sb.segment_count).unwrap_or(usize::MAX).saturating_add(1);
     let mut beyond = Beyond::default();
     let mut visited = BTreeSet::new();
     let mut queue = VecDeque::from([(scan.end_segment, scan.end_offset), (scan.next_segment, 0)]);
@@ -449,17 +538,16 @@ fn probe_beyond(ctx: &Ctx<'_>, cache: &mut SegmentCache, s: u16, scan: &Scan) ->
         if segment >= sb.segment_count || !visited.insert((segment, from)) {
             continue;
         }
-        if visited.len() > sb.segment_count as usize + 1 {
+        if visited.len() > visited_max {
             break;
         }
         for offset in from..sb.segment_blocks {
-            let block_no = sb.segment_start(segment) + u64::from(offset);
+            let block_no = block_in(sb, segment, offset)?;
             let buf = cache.blocks(ctx, segment, offset, 1)?;
             let Ok((h, _)) = UnitHeader::decode(&sb.uuid, buf, block_no, true) else { continue };
             // Only units the acceptance rule's epoch test admits count as proof: those of an
             // older epoch above `base_seq` were discarded by a recovery (orphans, whose
             // watermarks never pass that recovery's tail, or what a salvage dropped).
-            let root = sb.streams[usize::from(s)];
             let admitted =
                 h.epoch == root.epoch || (h.epoch < root.epoch && h.seq <= root.base_seq);
             if h.stream != s || h.seq <= last_seq || !admitted {
@@ -507,7 +595,11 @@ fn read_superblock(dev: &dyn Device) -> Result<(Superblock, usize)> {
 
 /// Follow one stream's chain from its checkpoint.
 fn scan_stream(ctx: &Ctx<'_>, s: u16) -> Result<Scan> {
-    let root = ctx.sb.streams[usize::from(s)];
+    let root = *ctx
+        .sb
+        .streams
+        .get(usize::from(s))
+        .ok_or_else(|| corrupted("superblock", 0, format!("no stream {s}")))?;
     let mut last = (root.checkpoint_seq, root.checkpoint_epoch);
     let mut scan = Scan {
         txs: Vec::new(),
@@ -524,7 +616,8 @@ fn scan_stream(ctx: &Ctx<'_>, s: u16) -> Result<Scan> {
     let seg_blocks = ctx.sb.segment_blocks;
     let mut cache = SegmentCache::default();
     // Bounded: every step advances through a finite number of segment positions.
-    let step_max = u64::from(ctx.sb.segment_count) * u64::from(seg_blocks) + 1;
+    let step_max =
+        u64::from(ctx.sb.segment_count).saturating_mul(u64::from(seg_blocks)).saturating_add(1);
     for _ in 0..step_max {
         let here = (scan.end_segment, scan.end_offset);
         let found = if here.1 < seg_blocks {
@@ -554,19 +647,31 @@ fn scan_stream(ctx: &Ctx<'_>, s: u16) -> Result<Scan> {
             if ctx.mutant(Mutant::NoPrefixCut) {
                 if let Some(skip) = skip_span(ctx, &mut cache, s, scan.end_segment, scan.end_offset)
                 {
-                    scan.end_offset += skip;
+                    scan.end_offset = scan.end_offset.saturating_add(skip);
                     continue;
                 }
             }
             if ctx.stop_after_seq == u64::MAX {
-                scan.beyond = probe_beyond(ctx, &mut cache, s, &scan)?;
+                scan.beyond = probe_beyond(ctx, &mut cache, (s, root), &scan)?;
             }
             scan.blocks = cache.blocks_read;
             return Ok(scan);
         };
         scan.watermark = scan.watermark.max(header.durable_watermark);
         scan.next_segment = header.next_segment;
-        scan.end_offset += header.span_blocks() as u32;
+        // `try_tx` checked that the transaction ends inside its segment.
+        let end = u64::from(scan.end_offset).checked_add(header.span_blocks());
+        let at = block_in(ctx.sb, scan.end_segment, scan.end_offset)?;
+        scan.end_offset = end.and_then(|e| u32::try_from(e).ok()).ok_or_else(|| {
+            corrupted("log unit", at, format!("stream {s}: transaction {} ends past", header.seq))
+        })?;
+        let records = u32::try_from(tx.records.len()).map_err(|_| {
+            corrupted(
+                "log unit",
+                at,
+                format!("stream {s}: transaction {} has 2^32 records", header.seq),
+            )
+        })?;
         last = (header.seq, header.epoch);
         let placed = Placed {
             seq: header.seq,
@@ -575,7 +680,7 @@ fn scan_stream(ctx: &Ctx<'_>, s: u16) -> Result<Scan> {
             end_segment: scan.end_segment,
             end_offset: scan.end_offset,
             next_segment: scan.next_segment,
-            records: tx.records.len() as u32,
+            records,
             dead: 0,
         };
         scan.txs.push((tx, placed));
@@ -598,11 +703,13 @@ fn skip_span(
     if offset >= ctx.sb.segment_blocks {
         return None;
     }
-    let block_no = ctx.sb.segment_start(segment) + u64::from(offset);
+    let block_no = block_in(ctx.sb, segment, offset).ok()?;
     let buf = cache.blocks(ctx, segment, offset, 1).ok()?;
     let (h, _) = UnitHeader::decode(&ctx.sb.uuid, buf, block_no, true).ok()?;
-    let fits = u64::from(offset) + h.span_blocks() <= u64::from(ctx.sb.segment_blocks);
-    (h.stream == s && h.unit_index == 0 && fits).then_some(h.span_blocks() as u32)
+    let end = u64::from(offset).checked_add(h.span_blocks())?;
+    let fits = end <= u64::from(ctx.sb.segment_blocks);
+    let span = u32::try_from(h.span_blocks()).ok()?;
+    (h.stream == s && h.unit_index == 0 && fits).then_some(span)
 }
 
 /// The transaction at (`segment`, `offset`) if it is whole and continues the chain after `last`.
@@ -620,7 +727,7 @@ fn try_tx(
     let sb = ctx.sb;
     let bs = sb.block_size as usize;
     let check_crc = !ctx.mutant(Mutant::CrcNotChecked);
-    let first = sb.segment_start(segment) + u64::from(offset);
+    let first = block_in(sb, segment, offset)?;
     let buf = cache.blocks(ctx, segment, offset, 1)?;
     let Ok((h, _)) = UnitHeader::decode(&sb.uuid, buf, first, check_crc) else { return Ok(None) };
     if h.stream != s || h.kind != UnitKind::Body || h.unit_index != 0 {
@@ -649,15 +756,18 @@ fn try_tx(
         return Ok(None);
     }
     let span = h.span_blocks();
-    if u64::from(offset) + span > u64::from(sb.segment_blocks) {
+    if u64::from(offset).checked_add(span).is_none_or(|end| end > u64::from(sb.segment_blocks)) {
         return Ok(None);
     }
+    // From here on, every block number `first + k` with `k < span` is a block of the segment:
+    // exact, since the superblock's `validate` checked that the segments fit the device.
     let all = cache.blocks(ctx, segment, offset, span)?;
     let mut body = Vec::new();
     for (i, block) in all.chunks_exact(bs).take(h.unit_count as usize).enumerate() {
-        let at = first + i as u64;
+        let Some(at) = first.checked_add(widen(i)) else { return Ok(None) };
         let whole = UnitHeader::decode(&sb.uuid, block, at, check_crc).ok().filter(|(u, _)| {
-            u.same_transaction(&h) && u.unit_index == i as u32 && u.kind == UnitKind::Body
+            let index = u32::try_from(i).ok();
+            u.same_transaction(&h) && Some(u.unit_index) == index && u.kind == UnitKind::Body
         });
         let Some((_, payload)) = whole else {
             if ctx.mutant(Mutant::TornTailIsCorruption) {
@@ -683,8 +793,11 @@ fn try_tx(
         }
     }
     if h.flags & FLAG_CLASSIC != 0 {
-        let at = first + span - 1;
-        let block = &all[(span as usize - 1) * bs..];
+        // The commit block is the transaction's last (`span` counts it).
+        let last = span.checked_sub(1).and_then(|k| first.checked_add(k));
+        let (Some(at), Some(block)) = (last, all.chunks_exact(bs).last()) else {
+            return Ok(None);
+        };
         let Ok((c, _)) = UnitHeader::decode(&sb.uuid, block, at, check_crc) else {
             return Ok(None);
         };
@@ -692,11 +805,12 @@ fn try_tx(
             return Ok(None);
         }
     }
+    let Some(data_start) = first.checked_add(u64::from(h.unit_count)) else { return Ok(None) };
     let tx = RecoveredTx {
         id: TxId { stream: s, seq: h.seq },
         epoch: h.epoch,
         records: body.records,
-        data_start: first + u64::from(h.unit_count),
+        data_start,
         data_count: h.data_count,
         deps: body.deps,
     };
@@ -705,29 +819,25 @@ fn try_tx(
 
 /// Cut every stream at its first survivor whose dependency did not survive, until nothing
 /// changes. A dependency at or below the other stream's checkpoint is satisfied.
-fn close_dependencies(sb: &Superblock, scans: &mut [Scan], cut: &mut [usize]) {
+fn close_dependencies(sb: &Superblock, scans: &mut [Scan]) {
     // Each pass removes at least one transaction or stops, so this loop is bounded.
     loop {
         let alive: Vec<BTreeSet<u64>> =
             scans.iter().map(|s| s.txs.iter().map(|t| t.0.id.seq).collect()).collect();
-        let stream_count = scans.len();
         let satisfied = |d: &TxId| {
             let st = usize::from(d.stream);
-            st < stream_count
-                && (d.seq <= sb.streams[st].checkpoint_seq || alive[st].contains(&d.seq))
+            sb.streams.get(st).is_some_and(|root| d.seq <= root.checkpoint_seq)
+                || alive.get(st).is_some_and(|seqs| seqs.contains(&d.seq))
         };
         let mut changed = false;
-        for (s, scan) in scans.iter_mut().enumerate() {
+        for (scan, root) in scans.iter_mut().zip(&sb.streams) {
             if let Some(i) = scan.txs.iter().position(|t| !t.0.deps.iter().all(satisfied)) {
-                cut[s] += scan.txs.len() - i;
-                scan.cut_seqs.extend(scan.txs[i..].iter().map(|t| t.0.id.seq));
-                scan.txs.truncate(i);
+                scan.cut_seqs.extend(scan.txs.drain(i..).map(|t| t.0.id.seq));
                 if let Some(last) = scan.txs.last() {
                     scan.end_segment = last.1.end_segment;
                     scan.end_offset = last.1.end_offset;
                     scan.next_segment = last.1.next_segment;
                 } else {
-                    let root = sb.streams[s];
                     scan.end_segment = root.checkpoint_segment;
                     scan.end_offset = root.checkpoint_offset;
                     scan.next_segment = root.checkpoint_next_segment;

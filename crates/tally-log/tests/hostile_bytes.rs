@@ -15,7 +15,7 @@ use tally_log::format::crc_seeded;
 use tally_log::format::superblock::{Superblock, SB_BLOCKS};
 use tally_log::format::unit::{UnitHeader, UnitKind};
 use tally_log::{Log, LogConfig, LogError, OpenOptions, Recovery, Result, Transaction};
-use tally_media::{Device, IoBuf, MemDevice, Write, WriteFlags};
+use tally_media::{Device, Image, IoBuf, MemDevice, Write, WriteFlags};
 
 /// Counts, per thread, the largest single allocation: a forged length must not turn into one.
 struct Counting;
@@ -184,6 +184,7 @@ fn superblock_generation_at_u64_max_does_not_wrap_and_lose_to_the_stale_copy() {
 fn superblock_generation_at_u64_max_is_corruption() {
     let dev = with_transactions(3);
     forge_superblock(&dev, |sb| sb.generation = u64::MAX);
+    let before = dev.image();
     match open(&dev) {
         Err(LogError::Corrupted { what: "superblock", reason, .. }) => {
             assert!(reason.contains("generation"), "{reason}");
@@ -191,6 +192,7 @@ fn superblock_generation_at_u64_max_is_corruption() {
         Err(e) => panic!("not reported as corruption: {e}"),
         Ok(_) => panic!("a superblock generation of u64::MAX was accepted"),
     }
+    assert_unchanged(&dev, &before);
 }
 
 #[test]
@@ -492,10 +494,9 @@ fn superblock_roots_shared_by_two_streams_are_refused() {
 /// Stream 0's units in its second segment forged (crcs recomputed) to name stream 1's segment
 /// as the one their chain continues in: recovery must not hand one segment to two streams
 /// (stream 0 would write over stream 1's durable transactions, and both streams' checkpoints
-/// would release it: `space.rs`'s "released twice").
+/// would release it: `space.rs`'s "released twice"). It refuses with a typed error naming the
+/// stream and the segment, and writes nothing: no seal, no superblock.
 #[test]
-#[ignore = "recovery does not check yet that chains are disjoint: recover.rs must build its \
-            Space through space::Claims (issue 12, item 4)"]
 fn units_that_lead_a_chain_into_another_streams_segment_are_refused() {
     let dev = image();
     let (log, _) = open(&dev).unwrap();
@@ -509,6 +510,7 @@ fn units_that_lead_a_chain_into_another_streams_segment_are_refused() {
     drop(log);
     let (sb, _) = winner(&dev);
     let theirs = sb.streams[1].checkpoint_segment;
+    let mut forged_count = 0;
     for b in 0..u64::from(SEGMENT_BLOCKS) {
         let at = sb.segment_start(1) + b;
         let block = read_block(&dev, at);
@@ -519,16 +521,27 @@ fn units_that_lead_a_chain_into_another_streams_segment_are_refused() {
         let mut forged = vec![0u8; BS];
         UnitHeader { next_segment: theirs, ..h }.encode_into(&UUID, payload, &mut forged);
         write_block(&dev, at, &forged);
+        forged_count += 1;
     }
+    assert!(forged_count > 0, "stream 0 has units in segment 1");
+    let before = dev.image();
     match open(&dev) {
-        Err(e) => eprintln!("refused: {e}"),
-        Ok((log, _)) => {
-            for i in 0..SEGMENT_BLOCKS {
-                commit(&log, 0, &format!("more-{i}")).unwrap();
-            }
-            drop(log);
-            let (_log, r) = open(&dev).expect("reopen");
-            assert_eq!(tags(&r, 1), ["s1-0", "s1-1", "s1-2"], "stream 1's durable transactions");
+        Err(LogError::Corrupted { what, block, reason }) => {
+            eprintln!("refused: {what} at {block}: {reason}");
+            assert_eq!(block, sb.segment_start(theirs), "the block of the shared segment");
+            let segment = format!("segment {theirs} ");
+            assert!(reason.contains(&segment), "names the segment: {reason}");
+            assert!(reason.contains("stream 0") && reason.contains("stream 1"), "{reason}");
         }
+        Err(e) => panic!("not refused as corruption: {e}"),
+        Ok((_log, r)) => panic!("stream 0's chain led into stream 1's segment: {:?}", tags(&r, 1)),
     }
+    assert_unchanged(&dev, &before);
+}
+
+/// Nothing on `dev` differs from `before`: a refused recovery wrote nothing.
+fn assert_unchanged(dev: &MemDevice, before: &Image) {
+    let after = dev.image();
+    let changed: Vec<u64> = (0..BLOCKS).filter(|&b| before.block(b) != after.block(b)).collect();
+    assert!(changed.is_empty(), "a refused recovery wrote blocks {changed:?}");
 }

@@ -153,7 +153,12 @@ impl<D: Device + ?Sized> Device for std::sync::Arc<D> {
 }
 
 /// Validate a block range of `len` bytes at `block` against `geometry`; returns the block count.
-fn check_range(geometry: &Geometry, block: u64, len: usize, what: &'static str) -> Result<u32> {
+pub(crate) fn check_range(
+    geometry: &Geometry,
+    block: u64,
+    len: usize,
+    what: &'static str,
+) -> Result<u32> {
     let block_size = geometry.block_size;
     if !(len as u64).is_multiple_of(u64::from(block_size)) {
         return Err(MediaError::Misaligned { what, value: len as u64, block_size });

@@ -74,6 +74,17 @@ pub enum MediaError {
         /// Which occurrence of it (1-based).
         nth: u64,
     },
+    /// A network block device (NBD) server or connection failed: an error reply, a dropped
+    /// connection, a timeout or a reply that breaks the protocol. An I/O error like any other:
+    /// after a failed write or flush the device is failed.
+    #[error("{op} failed: {source}")]
+    Nbd {
+        /// The operation, e.g. `"nbd write"` or `"nbd connect"`.
+        op: &'static str,
+        /// What went wrong.
+        #[source]
+        source: Box<crate::NbdError>,
+    },
     /// A ticket that this device never issued.
     #[error("unknown ticket {0}")]
     UnknownTicket(u64),

@@ -16,6 +16,7 @@ mod error;
 mod file;
 mod image;
 mod mem;
+pub mod nbd;
 mod overlay;
 pub mod pmem;
 pub mod probe;
@@ -31,6 +32,7 @@ pub use file::{
 };
 pub use image::Image;
 pub use mem::MemDevice;
+pub use nbd::{NbdDevice, NbdError, NbdOptions, NbdTarget};
 pub use overlay::OverlayDevice;
 pub use pmem::{FlushKind, Pmem, PmemDevice, PmemError, PmemMode, PmemOptions, PmemStats};
 pub use stats::{Counters, DeviceStats};

@@ -18,7 +18,7 @@
 
 mod sys;
 mod threads;
-mod tracker;
+pub(crate) mod tracker;
 mod uring;
 
 use std::fs::{File, OpenOptions};

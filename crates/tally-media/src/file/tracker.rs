@@ -1,4 +1,5 @@
-//! Ticket bookkeeping shared by both write engines of [`super::FileDevice`].
+//! Ticket bookkeeping shared by both write engines of [`super::FileDevice`] and by
+//! [`crate::NbdDevice`].
 //!
 //! Invariants:
 //! - tickets are issued in increasing order from 1; `next_ticket - 1` is the highest issued;
@@ -14,7 +15,7 @@ use std::fmt;
 use std::io;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
-use crate::{MediaError, Result, Ticket};
+use crate::{MediaError, NbdError, Result, Ticket};
 
 /// A failed operation, kept so that every later `wait` on its ticket reports the same error
 /// (`io::Error` is not `Clone`, so the error is rebuilt from these parts).
@@ -24,12 +25,31 @@ pub(crate) struct Failure {
     errno: Option<i32>,
     kind: io::ErrorKind,
     message: String,
+    /// The typed error of a network device, handed back as [`MediaError::Nbd`].
+    nbd: Option<Box<NbdError>>,
 }
 
 impl Failure {
     /// A failure from an OS error.
     pub(crate) fn from_io(op: &'static str, error: &io::Error) -> Self {
-        Failure { op, errno: error.raw_os_error(), kind: error.kind(), message: error.to_string() }
+        Failure {
+            op,
+            errno: error.raw_os_error(),
+            kind: error.kind(),
+            message: error.to_string(),
+            nbd: None,
+        }
+    }
+
+    /// A failure of a network block device request or connection.
+    pub(crate) fn from_nbd(op: &'static str, error: &NbdError) -> Self {
+        Failure {
+            op,
+            errno: None,
+            kind: error.io_kind(),
+            message: error.to_string(),
+            nbd: Some(Box::new(error.clone())),
+        }
     }
 
     /// A failure from a negative errno (as io_uring reports them).
@@ -39,11 +59,14 @@ impl Failure {
 
     /// A failure that is not an OS error, e.g. a write that made no progress.
     pub(crate) fn other(op: &'static str, kind: io::ErrorKind, message: String) -> Self {
-        Failure { op, errno: None, kind, message }
+        Failure { op, errno: None, kind, message, nbd: None }
     }
 
     /// The error to hand to a caller.
     pub(crate) fn to_error(&self) -> MediaError {
+        if let Some(nbd) = &self.nbd {
+            return MediaError::Nbd { op: self.op, source: nbd.clone() };
+        }
         let source = match self.errno {
             Some(errno) => io::Error::from_raw_os_error(errno),
             None => io::Error::new(self.kind, self.message.clone()),
