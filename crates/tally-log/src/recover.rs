@@ -663,7 +663,11 @@ fn scan_stream(ctx: &Ctx<'_>, s: u16) -> Result<Scan> {
         let end = u64::from(scan.end_offset).checked_add(header.span_blocks());
         let at = block_in(ctx.sb, scan.end_segment, scan.end_offset)?;
         scan.end_offset = end.and_then(|e| u32::try_from(e).ok()).ok_or_else(|| {
-            corrupted("log unit", at, format!("stream {s}: transaction {} ends past", header.seq))
+            corrupted(
+                "log unit",
+                at,
+                format!("stream {s}: transaction {} ends past its segment", header.seq),
+            )
         })?;
         let records = u32::try_from(tx.records.len()).map_err(|_| {
             corrupted(
