@@ -435,6 +435,22 @@ fn checkpoint_first_then_crash(dev: &Arc<MemDevice>, n: usize, first: u64) {
     assert!(!restored, "the forged stream state was trusted");
 }
 
+/// The limit docs/FORMAT.md states ("What the snapshot checks cannot catch"): a snapshot
+/// forged consistently (crcs recomputed, a stream state that passes every check) is trusted,
+/// since the crcs are keyed only by the uuid in the superblock. Here the payload of the layer
+/// above is replaced: the open restores from the snapshot and hands the forged payload back.
+#[test]
+fn a_consistently_forged_snapshot_is_trusted_as_documented() {
+    let (dev, _) = closed_cleanly(5, 1);
+    let mut snap = Snap::read(&dev);
+    let state_len = u64::from_le_bytes(snap.blob[..8].try_into().unwrap()) as usize;
+    snap.blob.truncate(8 + state_len);
+    snap.blob.extend_from_slice(b"another file system");
+    snap.write(&dev);
+    let (_log, r) = open(&dev).unwrap();
+    assert_eq!(r.snapshot.as_deref(), Some(&b"another file system"[..]));
+}
+
 /// Stream 1's chain forged to begin with stream 0's first segment: trusted, both streams'
 /// checkpoints released that segment, and `space.rs` asserted ("released twice").
 #[test]
