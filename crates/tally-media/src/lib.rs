@@ -11,6 +11,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod buf;
+pub mod codec;
 mod device;
 mod error;
 mod file;

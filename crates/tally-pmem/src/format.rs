@@ -4,7 +4,10 @@
 //! pins the offsets used here.
 //!
 //! Decoders never panic: every field read from the region is validated before use and a bad
-//! one comes back as `None` (a unit) or [`PmemLogError::Corrupted`] (the header).
+//! one comes back as `None` (a unit) or [`PmemLogError::Corrupted`] (the header). Fields are
+//! read and written through the shared little-endian codec (`tally_media::codec`).
+
+use tally_media::codec::{Appender, Cursor, Reader, Writer};
 
 use crate::error::PmemLogError;
 
@@ -91,15 +94,16 @@ impl RegionHeader {
     #[must_use]
     pub fn encode(&self) -> [u8; HEADER_SIZE] {
         let mut b = [0u8; HEADER_SIZE];
-        b[0..8].copy_from_slice(&REGION_MAGIC.to_le_bytes());
-        b[8..12].copy_from_slice(&REGION_VERSION.to_le_bytes());
-        b[12..16].copy_from_slice(&self.unit_size.to_le_bytes());
-        b[16..24].copy_from_slice(&self.unit_count.to_le_bytes());
-        b[24..32].copy_from_slice(&self.uuid.to_le_bytes());
-        b[32..36].copy_from_slice(&self.mode.code().to_le_bytes());
+        let mut w = Writer::new(&mut b);
+        w.u64(0, REGION_MAGIC);
+        w.u32(8, REGION_VERSION);
+        w.u32(12, self.unit_size);
+        w.u64(16, self.unit_count);
+        w.u64(24, self.uuid);
+        w.u32(32, self.mode.code());
         // 36..60 reserved, zero.
         let crc = crc32c::crc32c(&b[..60]);
-        b[60..64].copy_from_slice(&crc.to_le_bytes());
+        Writer::new(&mut b).u32(60, crc);
         b
     }
 
@@ -110,27 +114,28 @@ impl RegionHeader {
     /// crc, version, reserved byte or geometry.
     pub fn decode(b: &[u8; HEADER_SIZE], region_len: u64) -> Result<Self, PmemLogError> {
         let corrupted = |what| Err(PmemLogError::Corrupted { at: HEADER_OFF, what });
-        if le_u64(b, 0) != REGION_MAGIC {
+        let r = Reader::new(b);
+        if r.u64(0) != Some(REGION_MAGIC) {
             return Err(PmemLogError::NotFormatted);
         }
-        if le_u32(b, 60) != crc32c::crc32c(&b[..60]) {
+        if r.u32(60) != Some(crc32c::crc32c(&b[..60])) {
             return corrupted("region header crc mismatch");
         }
-        if le_u32(b, 8) != REGION_VERSION {
+        if r.u32(8) != Some(REGION_VERSION) {
             return corrupted("unknown region format version");
         }
-        if b[36..60].iter().any(|&x| x != 0) {
+        if !r.zeros(36, 24) {
             return corrupted("reserved header bytes are not zero");
         }
-        let Some(mode) = CommitMode::from_code(le_u32(b, 32)) else {
+        let Some(mode) = r.u32(32).and_then(CommitMode::from_code) else {
             return corrupted("unknown commit mode");
         };
-        let header = RegionHeader {
-            unit_size: le_u32(b, 12),
-            unit_count: le_u64(b, 16),
-            uuid: le_u64(b, 24),
-            mode,
+        // Every field lies inside the 64-byte header: `None` cannot happen.
+        let (Some(unit_size), Some(unit_count), Some(uuid)) = (r.u32(12), r.u64(16), r.u64(24))
+        else {
+            return corrupted("region header field outside the header");
         };
+        let header = RegionHeader { unit_size, unit_count, uuid, mode };
         if let Err(why) = header.check_geometry(region_len) {
             return corrupted(why);
         }
@@ -208,25 +213,23 @@ impl UnitHeader {
         out.extend_from_slice(&[0; 4]);
         out.extend_from_slice(payload);
         let crc = unit_crc(crc_seed, out);
-        out[28..32].copy_from_slice(&crc.to_le_bytes());
+        Writer::new(out).u32(28, crc);
     }
 
     /// Decode the first 32 bytes of `unit` (a whole slot) without checking the crc; `None` when
     /// a field is out of range for a slot with `payload_max` payload bytes.
     #[must_use]
     pub fn decode_unchecked(unit: &[u8], payload_max: usize) -> Option<Self> {
-        if unit.len() < UNIT_HEADER_SIZE {
-            return None;
-        }
+        let r = Reader::new(unit);
         let h = UnitHeader {
-            lsn: le_u64(unit, 0),
-            seq: le_u64(unit, 8),
-            epoch: le_u32(unit, 16),
-            index: le_u16(unit, 20),
-            count: le_u16(unit, 22),
-            len: le_u16(unit, 24),
+            lsn: r.u64(0)?,
+            seq: r.u64(8)?,
+            epoch: r.u32(16)?,
+            index: r.u16(20)?,
+            count: r.u16(22)?,
+            len: r.u16(24)?,
         };
-        let sane = le_u16(unit, 26) == 0
+        let sane = r.u16(26)? == 0
             && h.count > 0
             && h.index < h.count
             && usize::from(h.len) <= payload_max
@@ -246,7 +249,7 @@ impl UnitHeader {
             crc32c::crc32c_append(crc_seed, &copy),
             &bytes[UNIT_HEADER_SIZE..],
         );
-        crc == le_u32(bytes, 28)
+        Reader::new(bytes).u32(28) == Some(crc)
     }
 }
 
@@ -256,48 +259,28 @@ fn unit_crc(seed: u32, bytes: &[u8]) -> u32 {
 }
 
 /// Encode records as a transaction payload: each is `u32 len` + bytes.
+///
+/// # Panics
+/// If a record is 4 GiB or longer: `PmemLog::commit` refuses those first (a bug otherwise).
 #[must_use]
 pub fn encode_records(records: &[&[u8]]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(records.iter().map(|r| r.len() + 4).sum());
+    let mut out = Appender::with_capacity(records.iter().map(|r| r.len() + 4).sum());
     for r in records {
-        // Callers refuse records of 4 GiB and more before encoding.
-        out.extend_from_slice(&(r.len() as u32).to_le_bytes());
-        out.extend_from_slice(r);
+        // Callers refuse records of 4 GiB and more before encoding (a bug otherwise: panics).
+        out.bytes_len32(r);
     }
-    out
+    out.into_vec()
 }
 
 /// Decode a transaction payload into records; `None` when a length runs past the end.
 #[must_use]
-pub fn decode_records(mut payload: &[u8]) -> Option<Vec<Vec<u8>>> {
+pub fn decode_records(payload: &[u8]) -> Option<Vec<Vec<u8>>> {
     let mut records = Vec::new();
-    while !payload.is_empty() {
-        let (len, rest) = payload.split_first_chunk::<4>()?;
-        let len = usize::try_from(u32::from_le_bytes(*len)).ok()?;
-        if len > rest.len() {
-            return None;
-        }
-        let (record, rest) = rest.split_at(len);
-        records.push(record.to_vec());
-        payload = rest;
+    let mut c = Cursor::new(payload);
+    while !c.at_end() {
+        records.push(c.bytes_len32().ok()?.to_vec());
     }
     Some(records)
-}
-
-fn le_u64(b: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(w)
-}
-
-fn le_u32(b: &[u8], at: usize) -> u32 {
-    let mut w = [0u8; 4];
-    w.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(w)
-}
-
-fn le_u16(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
 }
 
 #[cfg(test)]
@@ -371,12 +354,13 @@ mod tests {
             assert_eq!(off % LINE_SIZE, 0, "each word has a line of its own");
         }
         let b = header().encode();
+        let r = Reader::new(&b);
         assert_eq!(&b[0..8], b"TALLYPML");
-        assert_eq!(le_u32(&b, 8), 1);
-        assert_eq!(le_u32(&b, 12), 256);
-        assert_eq!(le_u64(&b, 16), 8);
-        assert_eq!(le_u64(&b, 24), 0x1234);
-        assert_eq!(le_u32(&b, 32), 1);
+        assert_eq!(r.u32(8), Some(1));
+        assert_eq!(r.u32(12), Some(256));
+        assert_eq!(r.u64(16), Some(8));
+        assert_eq!(r.u64(24), Some(0x1234));
+        assert_eq!(r.u32(32), Some(1));
         let mut u = Vec::new();
         UnitHeader { lsn: 1, seq: 2, epoch: 3, index: 4, count: 5, len: 0 }.encode_into(
             7,
@@ -384,8 +368,10 @@ mod tests {
             &mut u,
         );
         assert_eq!(u.len(), UNIT_HEADER_SIZE);
-        assert_eq!((le_u64(&u, 0), le_u64(&u, 8), le_u32(&u, 16)), (1, 2, 3));
-        assert_eq!((le_u16(&u, 20), le_u16(&u, 22), le_u16(&u, 24), le_u16(&u, 26)), (4, 5, 0, 0));
+        let r = Reader::new(&u);
+        assert_eq!((r.u64(0), r.u64(8), r.u32(16)), (Some(1), Some(2), Some(3)));
+        let words = (r.u16(20), r.u16(22), r.u16(24), r.u16(26));
+        assert_eq!(words, (Some(4), Some(5), Some(0), Some(0)));
         assert_eq!(header().payload_max(), 224);
         assert_eq!(header().unit_off(9), 256 + 256);
     }

@@ -15,7 +15,9 @@
 )]
 
 pub mod body;
-pub mod codec;
+/// The shared little-endian codec (it lives in `tally-media`, so that every crate that persists
+/// bytes can use it).
+pub use tally_media::codec;
 pub mod snapshot;
 pub mod superblock;
 pub mod unit;

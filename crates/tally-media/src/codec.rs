@@ -1,11 +1,22 @@
 //! Bounds-checked little-endian reading and writing, the one codec of every persisted structure:
 //! [`Reader`] and [`Writer`] for fixed layouts at explicit offsets (headers), [`Cursor`] and
 //! [`Appender`] for encodings read and written in sequence (the log snapshot's stream state,
-//! the file system's records and snapshot).
+//! the file system's records and snapshot, the persistent-memory log's records). It lives in
+//! the media crate, the one every layer that persists bytes depends on; `tally-log` re-exports
+//! it as `tally_log::format::codec`.
 //!
 //! Reading never panics: a field past the end of the bytes is `None` or [`Truncated`]. Writing
 //! panics only on a bug (a layout fixed at compile time that does not fit its buffer, a length
 //! that does not fit its prefix): encoders are given values the layer above already bounded.
+//! Indexing, unchecked arithmetic and truncating casts are denied here.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::indexing_slicing,
+        clippy::arithmetic_side_effects,
+        clippy::cast_possible_truncation
+    )
+)]
 
 use std::fmt;
 
@@ -339,7 +350,7 @@ pub fn widen(n: usize) -> u64 {
 /// offsets tile it:
 ///
 /// ```
-/// use tally_log::format::codec::tiles;
+/// use tally_media::codec::tiles;
 /// const _: () = assert!(tiles(&[(0, 4), (4, 2), (6, 2)], 8));
 /// assert!(!tiles(&[(0, 4), (5, 3)], 8)); // a gap
 /// assert!(!tiles(&[(0, 4), (2, 6)], 8)); // an overlap
