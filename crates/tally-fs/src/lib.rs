@@ -49,6 +49,7 @@ mod fs;
 mod fsck;
 mod mutant;
 pub mod record;
+mod reserve;
 mod snapshot;
 mod state;
 mod sync;
@@ -57,7 +58,7 @@ mod types;
 
 pub use clean::{FsCleanReport, MaintainReport, Maintenance};
 pub use error::{FsError, Result};
-pub use fs::{Fs, MkfsOptions, MountOptions, MountReport, StreamPolicy, Txn};
+pub use fs::{Fs, MkfsOptions, MountOptions, MountReport, SnapshotOutcome, StreamPolicy, Txn};
 pub use fsck::{FsckReport, SegmentLiveness};
 pub use mutant::{available as mutants_available, FsMutant};
 pub use types::*;

@@ -219,6 +219,11 @@ pub(crate) struct State {
     pub pins: HashMap<Ino, u32>,
     /// Committed data blocks made dead since mount (a hint of when to measure liveness again).
     pub dead_blocks: u64,
+    /// Blocks `fallocate` reserved and no write has used yet; DRAM only (`reserve.rs`).
+    pub reserved: crate::reserve::Reservations,
+    /// The segments the clean-unmount snapshot of this state needs, and `next_ver` when that
+    /// was measured (`fs/space.rs`).
+    pub snapshot_need: Option<(u64, u32)>,
 }
 
 impl State {

@@ -228,4 +228,6 @@ pub struct FallocFlags {
     pub keep_size: bool,
     /// Deallocate the range; reads return zeros (`FALLOC_FL_PUNCH_HOLE`, needs `keep_size`).
     pub punch_hole: bool,
+    /// Make the range read as zeros and reserve it (`FALLOC_FL_ZERO_RANGE`).
+    pub zero_range: bool,
 }

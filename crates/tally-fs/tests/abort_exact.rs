@@ -104,7 +104,7 @@ fn churn(fs: &Fs, txn: &tally_fs::Txn, big: Ino, other: Ino, d: Ino) {
     // Append past the end, with a gap.
     fs.write(t, big, (BIG_BLOCKS + 5) * BS + 17, &vec![0xCD; 3 * BS as usize]).unwrap();
     // Punch whole and partial blocks, including ones just written.
-    let punch = FallocFlags { keep_size: true, punch_hole: true };
+    let punch = FallocFlags { keep_size: true, punch_hole: true, ..FallocFlags::default() };
     fs.fallocate(t, big, 149 * BS + 9, 3 * BS, punch).unwrap();
     fs.fallocate(t, big, 20 * BS, 10 * BS, punch).unwrap();
     // Truncate into the middle (a partial block), extend, write again past the cut.

@@ -977,9 +977,11 @@ impl Harness {
                 let ino = file(*f);
                 let flags = match mode % 4 {
                     0 => FallocFlags::default(),
-                    1 => FallocFlags { keep_size: true, punch_hole: false },
-                    2 => FallocFlags { keep_size: true, punch_hole: true },
-                    _ => FallocFlags { keep_size: false, punch_hole: true },
+                    1 => FallocFlags { keep_size: true, ..FallocFlags::default() },
+                    2 => {
+                        FallocFlags { keep_size: true, punch_hole: true, ..FallocFlags::default() }
+                    }
+                    _ => FallocFlags { punch_hole: true, ..FallocFlags::default() },
                 };
                 ROp::Fallocate { ino, off: self.offset(ino, at), len: u64::from(*len), flags }
             }
@@ -1230,7 +1232,8 @@ impl Harness {
         } else {
             let r = fs.unmount();
             match (&r, open.is_some()) {
-                (Ok(()), false) | (Err(FsError::Invalid(_)), true) => {}
+                (Ok(tally_fs::SnapshotOutcome::Written), false)
+                | (Err(FsError::Invalid(_)), true) => {}
                 _ => return Err(format!("unmount: {r:?} (transaction open: {})", open.is_some())),
             }
         }

@@ -361,7 +361,11 @@ fn block_counts_stable_across_remount() {
     fs.write(None, b.ino, 7, b"near").unwrap();
     let c = fs.create(None, ROOT, b"c", 0o644, ME).unwrap();
     fs.write(None, c.ino, 0, &bytes(8 * BS, 2)).unwrap();
-    let punch = tally_fs::FallocFlags { keep_size: true, punch_hole: true };
+    let punch = tally_fs::FallocFlags {
+        keep_size: true,
+        punch_hole: true,
+        ..tally_fs::FallocFlags::default()
+    };
     fs.fallocate(None, c.ino, BS as u64, 3 * BS as u64, punch).unwrap();
     fs.setattr(None, a.ino, &SetAttr { size: Some(5 * BS as u64 + 10), ..SetAttr::default() })
         .unwrap();

@@ -35,7 +35,9 @@ use fuser::{
     ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use tally_client::ioctl;
-use tally_fs::{Attr, FallocFlags, Fs, FsError, Maintenance, Owner, SetAttr, Txn, XattrSet};
+use tally_fs::{
+    Attr, FallocFlags, Fs, FsError, Maintenance, Owner, SetAttr, SnapshotOutcome, Txn, XattrSet,
+};
 
 use crate::attr::{absent_attr, file_attr, file_type, mknod_kind, perm, set_time, timespec};
 use crate::errno::{errno, Failure};
@@ -50,8 +52,9 @@ use crate::txns::{End, FuseMutant, Txns};
 pub enum Unmounted {
     /// Everything durable and the snapshot written: the next mount reads it.
     Clean,
-    /// Made durable where possible but no snapshot written (the adapter stopped after a panic,
-    /// or a reference to the file system was still held); the next mount replays the log.
+    /// Made durable where possible but no snapshot written (no room for it, the adapter
+    /// stopped after a panic, or a reference to the file system was still held); the next
+    /// mount replays the log.
     WithoutSnapshot(String),
     /// The file system's unmount failed (I/O error, read-only after an earlier error).
     Failed(String),
@@ -60,9 +63,12 @@ pub enum Unmounted {
 /// Where the outcome of `destroy` is left for whoever runs the session.
 pub(crate) type OutcomeSlot = Arc<Mutex<Option<Unmounted>>>;
 
-/// `FALLOC_FL_KEEP_SIZE`, `FALLOC_FL_PUNCH_HOLE`: the only fallocate modes the file system has.
+/// `FALLOC_FL_KEEP_SIZE`, `FALLOC_FL_PUNCH_HOLE`, `FALLOC_FL_ZERO_RANGE`: the fallocate modes
+/// the file system has (collapse-range, insert-range and unshare-range get `EOPNOTSUPP`:
+/// shifting a file's blocks is not one of its operations, and no block is ever shared).
 const FALLOC_KEEP_SIZE: i32 = 0x01;
 const FALLOC_PUNCH_HOLE: i32 = 0x02;
+const FALLOC_ZERO_RANGE: i32 = 0x10;
 
 /// How regular files are opened: `close` sends no `FLUSH` (there is nothing to flush: every
 /// write is a transaction when it returns, and a transaction an open file owns ends at
@@ -280,7 +286,9 @@ impl TallyFuse {
         let stopped = self.stopped.load(Ordering::Acquire);
         match Arc::try_unwrap(fs) {
             Ok(fs) if !stopped => match fs.unmount() {
-                Ok(()) => Unmounted::Clean,
+                Ok(SnapshotOutcome::Written) => Unmounted::Clean,
+                Ok(SnapshotOutcome::NotWritten(why)) => Unmounted::WithoutSnapshot(why),
+                Ok(other) => Unmounted::WithoutSnapshot(format!("{other:?}")),
                 Err(e) => Unmounted::Failed(e.to_string()),
             },
             Ok(fs) => {
@@ -934,12 +942,13 @@ impl Filesystem for TallyFuse {
     ) {
         self.requests.count(Opcode::Fallocate);
         let r = self.change(req, "fallocate", &[ino.0], &[], |fs, tx| {
-            if mode & !(FALLOC_KEEP_SIZE | FALLOC_PUNCH_HOLE) != 0 {
+            if mode & !(FALLOC_KEEP_SIZE | FALLOC_PUNCH_HOLE | FALLOC_ZERO_RANGE) != 0 {
                 return Err(Failure::Unsupported("fallocate mode"));
             }
             let flags = FallocFlags {
                 keep_size: mode & FALLOC_KEEP_SIZE != 0,
                 punch_hole: mode & FALLOC_PUNCH_HOLE != 0,
+                zero_range: mode & FALLOC_ZERO_RANGE != 0,
             };
             Ok(fs.fallocate(tx, ino.0, offset, length, flags)?)
         });
@@ -963,20 +972,52 @@ impl Filesystem for TallyFuse {
 
     fn copy_file_range(
         &self,
-        _req: &Request,
-        _ino_in: INodeNo,
+        req: &Request,
+        ino_in: INodeNo,
         _fh_in: FileHandle,
-        _offset_in: u64,
-        _ino_out: INodeNo,
+        offset_in: u64,
+        ino_out: INodeNo,
         _fh_out: FileHandle,
-        _offset_out: u64,
-        _len: u64,
-        _flags: fuser::CopyFileRangeFlags,
+        offset_out: u64,
+        len: u64,
+        flags: fuser::CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        // The kernel copies through reads and writes instead, and asks no more.
         self.requests.count(Opcode::CopyFileRange);
-        reply.error(Errno::from_i32(libc::ENOSYS));
+        let r = self.change(req, "copy_file_range", &[ino_out.0], &[], |fs, tx| {
+            if flags.bits() != 0 {
+                return Err(FsError::Invalid("copy_file_range flags").into());
+            }
+            // One transaction per request: the kernel returns a short count to the caller,
+            // which asks again for the rest (a request carries at most 4 GiB anyway).
+            let len = len.min(u64::from(u32::MAX));
+            Ok(fs.copy_file_range(tx, ino_in.0, offset_in, ino_out.0, offset_out, len)?)
+        });
+        match r {
+            Ok(n) => reply.written(u32::try_from(n).unwrap_or(u32::MAX)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn poll(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _ph: fuser::PollNotifier,
+        events: fuser::PollEvents,
+        _flags: fuser::PollFlags,
+        reply: fuser::ReplyPoll,
+    ) {
+        self.requests.count(Opcode::Poll);
+        // Files and directories are always ready, as on a disk file system: a read or write
+        // never waits for another process, so no later readiness needs announcing.
+        use fuser::PollEvents as P;
+        let ready = P::POLLIN | P::POLLOUT | P::POLLRDNORM | P::POLLWRNORM;
+        match self.call("poll", |fs| fs.getattr(ino.0).map(|_| ()).map_err(Into::into)) {
+            Ok(()) => reply.poll(events & ready),
+            Err(e) => reply.error(e),
+        }
     }
 }
 

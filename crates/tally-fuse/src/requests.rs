@@ -54,10 +54,11 @@ pub enum Opcode {
     Fallocate,
     Lseek,
     CopyFileRange,
+    Poll,
 }
 
 /// Number of [`Opcode`]s.
-const OPCODE_COUNT: usize = 34;
+const OPCODE_COUNT: usize = 35;
 
 impl Opcode {
     /// Every opcode, in the order counts are reported.
@@ -96,6 +97,7 @@ impl Opcode {
         Opcode::Fallocate,
         Opcode::Lseek,
         Opcode::CopyFileRange,
+        Opcode::Poll,
     ];
 
     /// The kernel's name, without `FUSE_`.
@@ -135,6 +137,7 @@ impl Opcode {
             Opcode::Fallocate => "FALLOCATE",
             Opcode::Lseek => "LSEEK",
             Opcode::CopyFileRange => "COPY_FILE_RANGE",
+            Opcode::Poll => "POLL",
         }
     }
 

@@ -34,6 +34,9 @@ Mount options (-o, comma-separated, repeatable):
   allow_other           users other than the one mounting may use the mount
   txn_wait_ms=N         milliseconds a change waits for a transaction holding what it
                         changes before it fails with EBUSY (100)
+  commit_ms=N           milliseconds a change may wait in memory before it is written to the
+                        device (5000, as ext4's commit=5); fsync, sync and a full buffer
+                        write sooner; 0 writes each change at once
   attr_timeout=S        seconds the kernel may cache attributes (default 86400: every change
                         goes through the mount, and the kernel is told what an abort undoes)
   entry_timeout=S       seconds the kernel may cache names (86400)
@@ -73,7 +76,8 @@ pub struct MountArgs {
 #[derive(Debug, clap::Args)]
 #[command(after_long_help = "\
 Unmounts the directory, then waits until the daemon serving it has made everything durable, \
-written its snapshot and exited.
+written its snapshot and exited, and says whether the snapshot was written (it is not when the \
+daemon found no room for it: a warning, exit 0, and the next mount scans the log).
 
 Exit codes: 0 unmounted and the daemon finished; 1 busy, failed, or the daemon still running \
 at --timeout; 2 not a mount.")]
@@ -348,7 +352,8 @@ fn serve(image: &Path, dir: &Path, cfg: MountConfig, notify: Notify) -> ExitCode
             return notify.failed(&io_failure(format!("cannot open {}: {e}", image.display())))
         }
     };
-    let fs = match Fs::mount(Arc::new(dev), MountOptions::default()) {
+    let opts = MountOptions { write_behind: cfg.write_behind(), ..MountOptions::default() };
+    let fs = match Fs::mount(Arc::new(dev), opts) {
         Ok(fs) => fs,
         Err(e @ tally_fs::FsError::Log(tally_log::LogError::DurableTransactionLost { .. })) => {
             let text = format!(
@@ -399,6 +404,13 @@ fn serve(image: &Path, dir: &Path, cfg: MountConfig, notify: Notify) -> ExitCode
     match mounted.run() {
         Ok(Unmounted::Clean) => {
             tracing::info!("{} unmounted cleanly", dir.display());
+            ExitCode::SUCCESS
+        }
+        Ok(Unmounted::WithoutSnapshot(why)) => {
+            tracing::warn!(
+                "{} unmounted; everything is durable, but no snapshot was written: {why}",
+                dir.display()
+            );
             ExitCode::SUCCESS
         }
         Ok(other) => {
@@ -456,11 +468,23 @@ fn umount(args: &UmountArgs) -> Result<String, Stop> {
     loop {
         // SAFETY: flock on a descriptor owned by `file`.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            return Ok(format!(
-                "unmounted {}; the daemon has made {} durable and exited",
+            drop(file);
+            let done = format!(
+                "unmounted {}; the daemon has made {} durable",
                 dir.display(),
                 image.display()
-            ));
+            );
+            return Ok(match snapshot_written(&image) {
+                Some(true) => format!("{done}, written its snapshot and exited"),
+                Some(false) => {
+                    eprintln!(
+                        "tally umount: warning: the daemon wrote no snapshot (its log says why); \
+                         the next mount scans the log"
+                    );
+                    format!("{done} and exited, without a snapshot")
+                }
+                None => format!("{done} and exited"),
+            });
         }
         if Instant::now() >= deadline {
             return Err(io_failure(format!(
@@ -472,6 +496,15 @@ fn umount(args: &UmountArgs) -> Result<String, Stop> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Whether the image's superblock in force points at a clean-unmount snapshot (`None`: it
+/// cannot be read, e.g. another mount took it meanwhile).
+fn snapshot_written(image: &Path) -> Option<bool> {
+    let opened = crate::fsck::open_image(image, "umount", true).ok()?;
+    let best =
+        opened.copies.iter().filter_map(|(_, sb)| sb.as_ref()).max_by_key(|sb| sb.generation);
+    best.map(|sb| sb.snapshot.is_some())
 }
 
 /// Source and type of the mount at `dir`, from `/proc/self/mounts` (the last one wins: it

@@ -165,6 +165,7 @@ impl Fs {
         let old = st.inode(ino)?.attr.size;
         if size < old {
             let keep = size.div_ceil(bs);
+            st.reserved.remove(ino, keep, u64::MAX);
             for b in st.block_keys(ino, keep) {
                 cx.block(st, ino, b);
                 st.inode_mut(ino)?.blocks.remove(&b);
@@ -307,12 +308,17 @@ impl Fs {
         Ok(())
     }
 
-    /// Allocate (extend the size unless `keep_size`) or punch a hole. Copy-on-write cannot
-    /// reserve blocks for later overwrites, so allocation only sets the size: a later write can
-    /// still get `ENOSPC` (as on other copy-on-write file systems).
+    /// Reserve space for a range (extending the size unless `keep_size`), punch a hole in it,
+    /// or zero it (a hole, then reserved). Copy-on-write cannot set blocks aside on the device,
+    /// so a reservation is counted against free space instead (`reserve.rs`, `space.rs`):
+    /// operations that need space outside reservations get `ENOSPC` first, and the first write
+    /// of each block of a reserved range finds room. A later rewrite of a block is an ordinary
+    /// write (as on other copy-on-write file systems). Reservations live while the file system
+    /// is mounted: a remount forgets them. A punched or truncated block loses its reservation.
     ///
     /// # Errors
-    /// `ENOENT`, `EISDIR`, `EINVAL`, `EFBIG`, `EBUSY`.
+    /// `ENOENT`, `EISDIR`, `EINVAL`, `EFBIG`, `ENOSPC` (the range does not fit in the free
+    /// space left by the reserves and other reservations), `EBUSY`.
     pub fn fallocate(
         &self,
         txn: Option<&Txn>,
@@ -331,6 +337,9 @@ impl Fs {
         if flags.punch_hole && !flags.keep_size {
             return Err(FsError::Invalid("punching a hole needs KEEP_SIZE"));
         }
+        if flags.punch_hole && flags.zero_range {
+            return Err(FsError::Invalid("punch a hole or zero a range, not both"));
+        }
         self.op(txn, ino, !flags.punch_hole, |st, cx| {
             match st.inode(ino)?.attr.kind {
                 FileKind::File => {}
@@ -339,35 +348,51 @@ impl Fs {
             }
             cx.inode(st, ino)?;
             let now = Timespec::now();
-            if flags.punch_hole {
-                let bs = u64::from(self.bs);
-                let size = st.inode(ino)?.attr.size;
-                let end = end.min(size);
-                if offset < end {
-                    for b in offset / bs..=(end - 1) / bs {
-                        let Some(block) = st.inode(ino)?.blocks.get(&b).cloned() else { continue };
-                        let (bstart, bend) = (b * bs, (b + 1) * bs);
-                        let (from, to) = (offset.max(bstart), end.min(bend));
-                        cx.block(st, ino, b);
-                        if from == bstart && to == bend {
-                            st.inode_mut(ino)?.blocks.remove(&b);
-                        } else {
-                            let mut bytes = self.block_bytes(ino, b, &block)?.as_ref().clone();
-                            bytes[(from - bstart) as usize..(to - bstart) as usize].fill(0);
-                            Self::put_block(st, ino, b, bytes)?;
-                        }
-                    }
-                }
+            let bs = u64::from(self.bs);
+            if flags.punch_hole || flags.zero_range {
+                self.punch(st, cx, ino, offset, end)?;
                 touch_times(&mut st.inode_mut(ino)?.attr, now);
-            } else if !flags.keep_size {
+            }
+            if !flags.punch_hole {
+                let (first, last) = (offset / bs, end.div_ceil(bs));
+                let total = st.reserved.blocks() + st.reserved.missing(ino, first, last);
+                if Self::reservation_cost(total) > self.growth_blocks(st) {
+                    return Err(FsError::NoSpace.into());
+                }
+                st.reserved.add(ino, first, last);
                 let a = &mut st.inode_mut(ino)?.attr;
-                if end > a.size {
+                if !flags.keep_size && end > a.size {
                     a.size = end;
                     a.ctime = now;
                 }
             }
             Ok(())
         })
+    }
+
+    /// Make `offset..end` of a file read as zeros: whole blocks become holes (and lose their
+    /// reservations), partial ones are rewritten.
+    fn punch(&self, st: &mut State, cx: &mut Cx, ino: Ino, offset: u64, end: u64) -> OpResult<()> {
+        let bs = u64::from(self.bs);
+        st.reserved.remove(ino, offset.div_ceil(bs), end / bs);
+        let end = end.min(st.inode(ino)?.attr.size);
+        if offset >= end {
+            return Ok(());
+        }
+        for b in offset / bs..=(end - 1) / bs {
+            let Some(block) = st.inode(ino)?.blocks.get(&b).cloned() else { continue };
+            let (bstart, bend) = (b * bs, (b + 1) * bs);
+            let (from, to) = (offset.max(bstart), end.min(bend));
+            cx.block(st, ino, b);
+            if from == bstart && to == bend {
+                st.inode_mut(ino)?.blocks.remove(&b);
+            } else {
+                let mut bytes = self.block_bytes(ino, b, &block)?.as_ref().clone();
+                bytes[(from - bstart) as usize..(to - bstart) as usize].fill(0);
+                Self::put_block(st, ino, b, bytes)?;
+            }
+        }
+        Ok(())
     }
 
     /// Set an extended attribute.

@@ -31,9 +31,11 @@ use crate::types::{Attr, FileKind, Ino, Timespec, ROOT};
 use crate::{FsError, Result};
 
 mod commit;
+mod copy;
 mod data;
 mod namespace;
 mod read;
+mod space;
 mod transactions;
 
 /// Shape of a new file system, given to [`Fs::mkfs`].
@@ -81,6 +83,10 @@ pub struct MountOptions {
     /// log fails the mount with [`tally_log::LogError::DurableTransactionLost`]. Only for
     /// `tally fsck --salvage --force`.
     pub salvage: bool,
+    /// Buffer committed changes in the log and write them out merged (at fsync, sync, past a
+    /// size, after the commit interval; see [`tally_log::WriteBehind`]). `None` (the default)
+    /// submits each change as it commits.
+    pub write_behind: Option<tally_log::WriteBehind>,
 }
 
 /// Data bytes held in memory until durable before the file system makes them durable itself.
@@ -88,6 +94,16 @@ pub(crate) const CACHE_LIMIT: usize = 64 << 20;
 /// Free log segments kept for deletes and cleaning: operations that add data or objects fail
 /// with `ENOSPC` when no more than this many are free; deletes and truncates may use them.
 pub(crate) const RESERVED_SEGMENTS: u32 = 2;
+
+/// What [`Fs::unmount`] left for the next mount (everything is durable either way).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SnapshotOutcome {
+    /// The snapshot is written: the next mount reads it instead of scanning the log.
+    Written,
+    /// No snapshot (why): the next mount scans the log, as after a crash.
+    NotWritten(String),
+}
 
 /// An open explicit transaction; pass it to operations, then to [`Fs::commit`],
 /// [`Fs::commit_durable`] or [`Fs::abort`].
@@ -219,6 +235,7 @@ impl Fs {
         let log_opts = OpenOptions {
             mutant: opts.log_mutant,
             salvage: opts.salvage,
+            write_behind: opts.write_behind,
             ..OpenOptions::default()
         };
         let (mut log, mut recovery) = Log::open(dev.clone(), log_opts)?;
@@ -296,12 +313,14 @@ impl Fs {
     }
 
     /// Make everything durable and unmount, writing a snapshot of the DRAM state so the next
-    /// mount reads it instead of scanning the log.
+    /// mount reads it instead of scanning the log. Says whether the snapshot was written: the
+    /// segments it needs are kept from ordinary writes (`space.rs`), but a state grown by
+    /// deletes' records into the last reserve may not fit; everything is durable all the same.
     ///
     /// # Errors
     /// I/O errors; read-only after an earlier error; open explicit transactions (they are
     /// aborted first, then reported).
-    pub fn unmount(self) -> Result<()> {
+    pub fn unmount(self) -> Result<SnapshotOutcome> {
         let open: Vec<TxnId> = lock(&self.state)?.txns.open.keys().copied().collect();
         for id in &open {
             self.abort(Txn { id: *id })?;
@@ -315,14 +334,25 @@ impl Fs {
             self.prune_cache(&mut st);
             crate::snapshot::encode(&st)
         };
+        let free = self.log.free_segments();
+        let seg_bytes = u64::from(self.segment_blocks) * u64::from(self.bs);
+        let needed = (payload.len() as u64 + u64::from(self.bs)).div_ceil(seg_bytes);
         let Fs { log, .. } = self;
-        log.close_clean(&payload)?;
+        let outcome = if log.close_clean(&payload)? {
+            SnapshotOutcome::Written
+        } else {
+            SnapshotOutcome::NotWritten(format!(
+                "no room for the snapshot ({} KiB, {needed} segment(s); {free} free): the \
+                 next mount scans the log",
+                payload.len() / 1024
+            ))
+        };
         if !open.is_empty() {
             return Err(FsError::Invalid(
                 "explicit transactions were open at unmount and were aborted",
             ));
         }
-        Ok(())
+        Ok(outcome)
     }
 
     /// Bound how long an operation outside transactions waits for an explicit transaction
@@ -370,13 +400,15 @@ impl Fs {
                 }
             }
             self.clean_before_op(&mut st)?;
-            // Operations that add data or objects leave the reserve to deletes and cleaning.
-            if grows && self.log.free_segments() <= RESERVED_SEGMENTS {
-                return Err(FsError::NoSpace);
-            }
             let mut cx = Cx::new(id);
             match f(&mut st, &mut cx) {
                 Ok(v) => {
+                    // Operations that add data or objects leave the reserves and the
+                    // reservations whole (`space.rs`).
+                    if let Err(e) = self.take_space(&mut st, &cx, grows) {
+                        cx.rollback(&mut st);
+                        return Err(e);
+                    }
                     let stream = self.stream_of(primary);
                     match id {
                         Some(id) => cx.into_txn(&mut st, id, stream),
@@ -419,7 +451,9 @@ impl Fs {
     /// when even they do not fit.
     fn clean_before_op(&self, st: &mut State) -> Result<()> {
         use std::sync::atomic::Ordering::Relaxed;
-        let low = |fs: &Fs| fs.log.free_segments() <= RESERVED_SEGMENTS + 1;
+        // The snapshot's segments are not free for operations either (`space.rs`).
+        let kept = RESERVED_SEGMENTS.saturating_add(self.snapshot_segments(st));
+        let low = |fs: &Fs| fs.log.free_segments() <= kept + 1;
         if !low(self)
             || !st.txns.open.is_empty()
             || self.futile_clean_at.load(Relaxed) == st.dead_blocks

@@ -6,7 +6,7 @@ use crate::state::Block;
 use crate::types::*;
 use crate::{FsError, Result};
 
-use super::{lock, Fs, RESERVED_SEGMENTS};
+use super::{lock, Fs};
 
 impl Fs {
     /// The entry `name` of directory `parent`.
@@ -152,10 +152,12 @@ impl Fs {
     /// counts are read; every other call fails then).
     #[must_use]
     pub fn statfs(&self) -> StatFs {
-        let st = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let seg = u64::from(self.segment_blocks);
+        let mut st = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let blocks = self.log.device().geometry().block_count;
-        let free = u64::from(self.log.free_segments().saturating_sub(RESERVED_SEGMENTS)) * seg;
+        // What operations that grow may still use: the reserves (deletes, cleaning, the
+        // unmount snapshot) and `fallocate`'s reservations are not free.
+        let reserved = Self::reservation_cost(st.reserved.blocks());
+        let free = self.growth_blocks(&mut st).saturating_sub(reserved);
         StatFs {
             block_size: self.bs,
             blocks,
