@@ -1,0 +1,531 @@
+//! One open file (`sqlite3_file`) and its I/O methods.
+//!
+//! A named file is an inode of the `Fs`, pinned with `Fs::open` while the handle lives; a
+//! file SQLite opens without a name (temporary tables, sorter spill, statement journals) is a
+//! byte vector in memory, since nothing in it has to survive the connection.
+//!
+//! Batch-atomic commit: `SQLITE_FCNTL_BEGIN_ATOMIC_WRITE` begins an `Fs` transaction owned by
+//! the handle; every write and truncate through the handle goes into it until
+//! `SQLITE_FCNTL_COMMIT_ATOMIC_WRITE` commits it durably (one flush: units and data in one
+//! submission, no commit record) or `SQLITE_FCNTL_ROLLBACK_ATOMIC_WRITE` aborts it (the DRAM
+//! state is rolled back, nothing was written). Invariant: a handle has a transaction open only
+//! between those calls, and it holds the EXCLUSIVE lock meanwhile (SQLite writes the database
+//! file only under it), so no other handle writes the file during a batch.
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use rusqlite::ffi;
+use tally_fs::{FileKind, FsError, Ino, SetAttr, Txn};
+
+use crate::lock::HandleId;
+use crate::mutant::VfsMutant;
+use crate::path;
+use crate::vfs::{guard, Counters, Shared};
+
+/// What SQLite allocates for each open file (`szOsFile` bytes): the base struct first, as the
+/// VFS contract requires, then our handle.
+#[repr(C)]
+pub(crate) struct FileObject {
+    base: ffi::sqlite3_file,
+    handle: *mut Handle,
+}
+
+/// Where a file's bytes live.
+enum Backing {
+    /// An inode of the file system.
+    Fs { ino: Ino },
+    /// A nameless temporary file.
+    Memory(Vec<u8>),
+}
+
+/// State of one open file.
+pub(crate) struct Handle {
+    shared: Arc<Shared>,
+    backing: Backing,
+    id: HandleId,
+    /// SQLite lock level held.
+    level: c_int,
+    /// The batch open on this handle.
+    txn: Option<Txn>,
+    /// Bytes (whole blocks) written in the batch.
+    batch_bytes: u64,
+}
+
+static IO_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
+    // 1: no shared memory (WAL needs `PRAGMA locking_mode=EXCLUSIVE`) and no memory mapping.
+    iVersion: 1,
+    xClose: Some(x_close),
+    xRead: Some(x_read),
+    xWrite: Some(x_write),
+    xTruncate: Some(x_truncate),
+    xSync: Some(x_sync),
+    xFileSize: Some(x_file_size),
+    xLock: Some(x_lock),
+    xUnlock: Some(x_unlock),
+    xCheckReservedLock: Some(x_check_reserved_lock),
+    xFileControl: Some(x_file_control),
+    xSectorSize: Some(x_sector_size),
+    xDeviceCharacteristics: Some(x_device_characteristics),
+    xShmMap: None,
+    xShmLock: None,
+    xShmBarrier: None,
+    xShmUnmap: None,
+    xFetch: None,
+    xUnfetch: None,
+};
+
+/// Open (or create) the file `name` (`None`: a temporary file) for SQLite's `flags`.
+pub(crate) fn open(
+    shared: &Arc<Shared>,
+    name: Option<&[u8]>,
+    flags: c_int,
+) -> Result<Handle, c_int> {
+    let handle = |backing| Handle {
+        shared: shared.clone(),
+        backing,
+        id: shared.next_handle(),
+        level: ffi::SQLITE_LOCK_NONE,
+        txn: None,
+        batch_bytes: 0,
+    };
+    let Some(name) = name else { return Ok(handle(Backing::Memory(Vec::new()))) };
+    let fs = &shared.fs;
+    let (dir, leaf) = path::parent(fs, name).map_err(|_| ffi::SQLITE_CANTOPEN)?;
+    let create = flags & ffi::SQLITE_OPEN_CREATE != 0;
+    let ino = match fs.lookup(dir, leaf) {
+        Ok(_) if create && flags & ffi::SQLITE_OPEN_EXCLUSIVE != 0 => {
+            return Err(ffi::SQLITE_CANTOPEN)
+        }
+        Ok(attr) if attr.kind == FileKind::File => attr.ino,
+        Ok(_) => return Err(ffi::SQLITE_CANTOPEN),
+        Err(FsError::NotFound) if create => {
+            match fs.create(None, dir, leaf, 0o644, shared.options.owner) {
+                Ok(attr) => attr.ino,
+                Err(e) => return Err(code(&e, ffi::SQLITE_CANTOPEN)),
+            }
+        }
+        Err(_) => return Err(ffi::SQLITE_CANTOPEN),
+    };
+    fs.open(ino).map_err(|_| ffi::SQLITE_CANTOPEN)?;
+    if flags & ffi::SQLITE_OPEN_DELETEONCLOSE != 0 {
+        // As on unix: the name goes now, the pin keeps the file until close.
+        if fs.unlink(None, dir, leaf).is_err() {
+            let _ = fs.release(ino);
+            return Err(ffi::SQLITE_CANTOPEN);
+        }
+    }
+    if flags & ffi::SQLITE_OPEN_MAIN_JOURNAL != 0 {
+        Counters::bump(&shared.counters.journal_opens);
+    }
+    shared.locks().open(ino);
+    Ok(handle(Backing::Fs { ino }))
+}
+
+/// Put `handle` into the buffer SQLite allocated, with our methods.
+///
+/// # Safety
+/// `file` points to at least `size_of::<FileObject>()` writable bytes, aligned for it (SQLite
+/// allocates `szOsFile` bytes with its 8-byte-aligned allocator).
+pub(crate) unsafe fn install(file: *mut ffi::sqlite3_file, handle: Handle) {
+    handle.shared.open_files.fetch_add(1, Ordering::AcqRel);
+    let object = FileObject {
+        base: ffi::sqlite3_file { pMethods: &IO_METHODS },
+        handle: Box::into_raw(Box::new(handle)),
+    };
+    // SAFETY: by the caller's contract.
+    unsafe { file.cast::<FileObject>().write(object) };
+}
+
+/// The handle of a file SQLite calls a method on.
+///
+/// # Safety
+/// `file` was set up by [`install`] and not closed; SQLite calls one method of a file at a
+/// time, so the reference is unique for the call.
+unsafe fn handle<'a>(file: *mut ffi::sqlite3_file) -> &'a mut Handle {
+    // SAFETY: by the caller's contract.
+    unsafe { &mut *(*file.cast::<FileObject>()).handle }
+}
+
+/// The SQLite code for a file-system error; `otherwise` for errors without a better one.
+fn code(e: &FsError, otherwise: c_int) -> c_int {
+    match e {
+        FsError::NoSpace | FsError::FileTooBig => ffi::SQLITE_FULL,
+        _ => otherwise,
+    }
+}
+
+impl Handle {
+    fn block_size(&self) -> u64 {
+        u64::from(self.shared.fs.block_size())
+    }
+
+    fn read(&self, buf: &mut [u8], offset: u64) -> c_int {
+        let got = match &self.backing {
+            Backing::Fs { ino } => match self.shared.fs.read(*ino, offset, buf.len()) {
+                Ok(bytes) => bytes,
+                Err(_) => return ffi::SQLITE_IOERR_READ,
+            },
+            Backing::Memory(bytes) => {
+                let start = usize::try_from(offset).unwrap_or(usize::MAX).min(bytes.len());
+                let end = start.saturating_add(buf.len()).min(bytes.len());
+                bytes.get(start..end).unwrap_or_default().to_vec()
+            }
+        };
+        let n = got.len().min(buf.len());
+        let (head, tail) = buf.split_at_mut(n);
+        head.copy_from_slice(got.get(..n).unwrap_or_default());
+        if tail.is_empty() {
+            ffi::SQLITE_OK
+        } else {
+            // SQLite requires the unread part zeroed.
+            tail.fill(0);
+            ffi::SQLITE_IOERR_SHORT_READ
+        }
+    }
+
+    fn write(&mut self, data: &[u8], offset: u64) -> c_int {
+        let ino = match &mut self.backing {
+            Backing::Fs { ino } => *ino,
+            Backing::Memory(bytes) => {
+                let Some(end) = usize::try_from(offset)
+                    .ok()
+                    .and_then(|o| o.checked_add(data.len()).map(|e| (o, e)))
+                else {
+                    return ffi::SQLITE_FULL;
+                };
+                if bytes.len() < end.1 {
+                    bytes.resize(end.1, 0);
+                }
+                if let Some(dst) = bytes.get_mut(end.0..end.1) {
+                    dst.copy_from_slice(data);
+                }
+                return ffi::SQLITE_OK;
+            }
+        };
+        let fs = &self.shared.fs;
+        if let Some(txn) = &self.txn {
+            let bs = self.block_size();
+            let end = offset.saturating_add(data.len() as u64);
+            let blocks = end.div_ceil(bs).saturating_sub(offset / bs);
+            let total = self.batch_bytes.saturating_add(blocks.saturating_mul(bs));
+            if total > self.shared.batch_bytes_max {
+                // SQLite answers an I/O error in a batch by rolling it back and redoing the
+                // commit through a journal: the way out for transactions too large for one.
+                Counters::bump(&self.shared.counters.batch_overflows);
+                return ffi::SQLITE_IOERR_WRITE;
+            }
+            self.batch_bytes = total;
+            return match fs.write(Some(txn), ino, offset, data) {
+                Ok(n) if n == data.len() => ffi::SQLITE_OK,
+                // Any failure inside a batch is an I/O error, so that SQLite falls back to a
+                // journal, which reports a full disk as such if it is one.
+                _ => ffi::SQLITE_IOERR_WRITE,
+            };
+        }
+        let result = fs.write(None, ino, offset, data);
+        self.shared.locks().wrote(ino);
+        match result {
+            Ok(n) if n == data.len() => ffi::SQLITE_OK,
+            Ok(_) => ffi::SQLITE_FULL,
+            Err(e) => code(&e, ffi::SQLITE_IOERR_WRITE),
+        }
+    }
+
+    fn truncate(&mut self, size: u64) -> c_int {
+        let ino = match &mut self.backing {
+            Backing::Fs { ino } => *ino,
+            Backing::Memory(bytes) => {
+                bytes.truncate(usize::try_from(size).unwrap_or(usize::MAX));
+                return ffi::SQLITE_OK;
+            }
+        };
+        let set = SetAttr { size: Some(size), ..SetAttr::default() };
+        let result = self.shared.fs.setattr(self.txn.as_ref(), ino, &set);
+        if self.txn.is_none() {
+            self.shared.locks().wrote(ino);
+        }
+        match result {
+            Ok(_) => ffi::SQLITE_OK,
+            Err(e) => code(&e, ffi::SQLITE_IOERR_TRUNCATE),
+        }
+    }
+
+    fn sync(&self) -> c_int {
+        let Backing::Fs { ino } = self.backing else { return ffi::SQLITE_OK };
+        let counters = &self.shared.counters;
+        let writes = {
+            let mut locks = self.shared.locks();
+            if !locks.unsynced(ino) {
+                // Everything written was committed durably by the batch (one flush already).
+                Counters::bump(&counters.syncs_skipped);
+                return ffi::SQLITE_OK;
+            }
+            locks.writes(ino)
+        };
+        Counters::bump(&counters.syncs);
+        match self.shared.fs.fsync(ino) {
+            Ok(()) => {
+                self.shared.locks().durable(ino, writes);
+                ffi::SQLITE_OK
+            }
+            Err(_) => ffi::SQLITE_IOERR_FSYNC,
+        }
+    }
+
+    fn file_size(&self) -> Result<u64, c_int> {
+        match &self.backing {
+            Backing::Fs { ino } => {
+                self.shared.fs.getattr(*ino).map(|a| a.size).map_err(|_| ffi::SQLITE_IOERR_FSTAT)
+            }
+            Backing::Memory(bytes) => Ok(bytes.len() as u64),
+        }
+    }
+
+    fn begin_batch(&mut self) -> c_int {
+        let Backing::Fs { .. } = self.backing else { return ffi::SQLITE_NOTFOUND };
+        if self.txn.is_some() {
+            return ffi::SQLITE_IOERR_BEGIN_ATOMIC;
+        }
+        match self.shared.fs.begin() {
+            Ok(txn) => {
+                self.txn = Some(txn);
+                self.batch_bytes = 0;
+                ffi::SQLITE_OK
+            }
+            Err(_) => ffi::SQLITE_IOERR_BEGIN_ATOMIC,
+        }
+    }
+
+    fn commit_batch(&mut self) -> c_int {
+        let Backing::Fs { ino } = self.backing else { return ffi::SQLITE_NOTFOUND };
+        let Some(txn) = self.txn.take() else { return ffi::SQLITE_IOERR_COMMIT_ATOMIC };
+        let fs = &self.shared.fs;
+        // Plain writes before the batch are covered by its durable commit: they precede it on
+        // the file's stream, or it depends on them.
+        let writes = self.shared.locks().writes(ino);
+        let result = if self.shared.mutant() == Some(VfsMutant::CommitNotDurable) {
+            fs.commit(txn)
+        } else {
+            fs.commit_durable(txn)
+        };
+        match result {
+            Ok(()) => {
+                self.shared.locks().durable(ino, writes);
+                Counters::bump(&self.shared.counters.batch_commits);
+                ffi::SQLITE_OK
+            }
+            // The Fs undid the transaction (it does on every failed commit). An I/O error
+            // code makes SQLite redo the commit through a journal: a transaction too large
+            // for one Fs transaction (ENOSPC here) still commits that way.
+            Err(_) => ffi::SQLITE_IOERR_COMMIT_ATOMIC,
+        }
+    }
+
+    fn rollback_batch(&mut self) -> c_int {
+        let Some(txn) = self.txn.take() else { return ffi::SQLITE_OK };
+        Counters::bump(&self.shared.counters.batch_rollbacks);
+        let fs = &self.shared.fs;
+        let result = if self.shared.mutant() == Some(VfsMutant::RollbackKeepsPages) {
+            fs.commit(txn)
+        } else {
+            fs.abort(txn)
+        };
+        match result {
+            Ok(()) => ffi::SQLITE_OK,
+            Err(_) => ffi::SQLITE_IOERR_ROLLBACK_ATOMIC,
+        }
+    }
+
+    fn close(mut self) -> c_int {
+        let mut rc = ffi::SQLITE_OK;
+        if let Some(txn) = self.txn.take() {
+            // SQLite always ends a batch first; a batch left open is given up, never kept.
+            if self.shared.fs.abort(txn).is_err() {
+                rc = ffi::SQLITE_IOERR_CLOSE;
+            }
+        }
+        if let Backing::Fs { ino } = self.backing {
+            let mut locks = self.shared.locks();
+            locks.unlock(ino, self.id, self.level, ffi::SQLITE_LOCK_NONE);
+            locks.close(ino);
+            drop(locks);
+            if self.shared.fs.release(ino).is_err() {
+                rc = ffi::SQLITE_IOERR_CLOSE;
+            }
+        }
+        self.shared.open_files.fetch_sub(1, Ordering::AcqRel);
+        rc
+    }
+}
+
+unsafe extern "C" fn x_close(file: *mut ffi::sqlite3_file) -> c_int {
+    guard(|| {
+        // SAFETY: SQLite calls xClose once, on a file `install` set up; the handle is not used
+        // after this, and pMethods is cleared so a stray call finds no methods.
+        let boxed = unsafe {
+            let object = file.cast::<FileObject>();
+            (*object).base.pMethods = std::ptr::null();
+            Box::from_raw((*object).handle)
+        };
+        boxed.close()
+    })
+}
+
+/// `len` and `offset` as SQLite gives them, checked.
+fn span(len: c_int, offset: ffi::sqlite3_int64) -> Option<(usize, u64)> {
+    Some((usize::try_from(len).ok()?, u64::try_from(offset).ok()?))
+}
+
+unsafe extern "C" fn x_read(
+    file: *mut ffi::sqlite3_file,
+    buf: *mut c_void,
+    len: c_int,
+    offset: ffi::sqlite3_int64,
+) -> c_int {
+    guard(|| {
+        let Some((len, offset)) = span(len, offset) else { return ffi::SQLITE_IOERR_READ };
+        // SAFETY: an installed file; SQLite passes a buffer of `len` writable bytes.
+        let (h, buf) =
+            unsafe { (handle(file), std::slice::from_raw_parts_mut(buf.cast::<u8>(), len)) };
+        h.read(buf, offset)
+    })
+}
+
+unsafe extern "C" fn x_write(
+    file: *mut ffi::sqlite3_file,
+    buf: *const c_void,
+    len: c_int,
+    offset: ffi::sqlite3_int64,
+) -> c_int {
+    guard(|| {
+        let Some((len, offset)) = span(len, offset) else { return ffi::SQLITE_IOERR_WRITE };
+        // SAFETY: an installed file; SQLite passes `len` readable bytes.
+        let (h, data) =
+            unsafe { (handle(file), std::slice::from_raw_parts(buf.cast::<u8>(), len)) };
+        h.write(data, offset)
+    })
+}
+
+unsafe extern "C" fn x_truncate(file: *mut ffi::sqlite3_file, size: ffi::sqlite3_int64) -> c_int {
+    guard(|| {
+        let Ok(size) = u64::try_from(size) else { return ffi::SQLITE_IOERR_TRUNCATE };
+        // SAFETY: an installed file.
+        unsafe { handle(file) }.truncate(size)
+    })
+}
+
+unsafe extern "C" fn x_sync(file: *mut ffi::sqlite3_file, _flags: c_int) -> c_int {
+    // SAFETY: an installed file. (NORMAL, FULL and DATAONLY are all one fsync on Tally.)
+    guard(|| unsafe { handle(file) }.sync())
+}
+
+unsafe extern "C" fn x_file_size(
+    file: *mut ffi::sqlite3_file,
+    out: *mut ffi::sqlite3_int64,
+) -> c_int {
+    guard(|| {
+        // SAFETY: an installed file.
+        match unsafe { handle(file) }.file_size() {
+            Ok(size) => {
+                let Ok(size) = ffi::sqlite3_int64::try_from(size) else {
+                    return ffi::SQLITE_IOERR_FSTAT;
+                };
+                // SAFETY: SQLite passes a valid pointer.
+                unsafe { *out = size };
+                ffi::SQLITE_OK
+            }
+            Err(rc) => rc,
+        }
+    })
+}
+
+unsafe extern "C" fn x_lock(file: *mut ffi::sqlite3_file, want: c_int) -> c_int {
+    guard(|| {
+        // SAFETY: an installed file.
+        let h = unsafe { handle(file) };
+        let Backing::Fs { ino } = h.backing else {
+            h.level = want;
+            return ffi::SQLITE_OK;
+        };
+        let result = h.shared.locks().lock(ino, h.id, h.level, want);
+        match result {
+            Ok(level) => {
+                h.level = level;
+                ffi::SQLITE_OK
+            }
+            Err(level) => {
+                h.level = level;
+                ffi::SQLITE_BUSY
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn x_unlock(file: *mut ffi::sqlite3_file, want: c_int) -> c_int {
+    guard(|| {
+        // SAFETY: an installed file.
+        let h = unsafe { handle(file) };
+        let Backing::Fs { ino } = h.backing else {
+            h.level = want;
+            return ffi::SQLITE_OK;
+        };
+        h.level = h.shared.locks().unlock(ino, h.id, h.level, want);
+        ffi::SQLITE_OK
+    })
+}
+
+unsafe extern "C" fn x_check_reserved_lock(file: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
+    guard(|| {
+        // SAFETY: an installed file.
+        let h = unsafe { handle(file) };
+        let reserved = match h.backing {
+            Backing::Fs { ino } => h.shared.locks().reserved(ino),
+            Backing::Memory(_) => false,
+        };
+        // SAFETY: SQLite passes a valid pointer.
+        unsafe { *out = c_int::from(reserved) };
+        ffi::SQLITE_OK
+    })
+}
+
+unsafe extern "C" fn x_file_control(
+    file: *mut ffi::sqlite3_file,
+    op: c_int,
+    _arg: *mut c_void,
+) -> c_int {
+    guard(|| {
+        // SAFETY: an installed file.
+        let h = unsafe { handle(file) };
+        match op {
+            ffi::SQLITE_FCNTL_BEGIN_ATOMIC_WRITE => h.begin_batch(),
+            ffi::SQLITE_FCNTL_COMMIT_ATOMIC_WRITE => h.commit_batch(),
+            ffi::SQLITE_FCNTL_ROLLBACK_ATOMIC_WRITE => h.rollback_batch(),
+            _ => ffi::SQLITE_NOTFOUND,
+        }
+    })
+}
+
+unsafe extern "C" fn x_sector_size(file: *mut ffi::sqlite3_file) -> c_int {
+    guard(|| {
+        // SAFETY: an installed file.
+        let h = unsafe { handle(file) };
+        c_int::try_from(h.block_size()).unwrap_or(4096)
+    })
+}
+
+unsafe extern "C" fn x_device_characteristics(file: *mut ffi::sqlite3_file) -> c_int {
+    guard(|| {
+        // SAFETY: an installed file.
+        let h = unsafe { handle(file) };
+        let Backing::Fs { .. } = h.backing else { return 0 };
+        // Copy-on-write: a write never disturbs bytes it does not cover (POWERSAFE_OVERWRITE);
+        // each write is one transaction carrying its data and the new size (SAFE_APPEND).
+        let mut caps = ffi::SQLITE_IOCAP_POWERSAFE_OVERWRITE | ffi::SQLITE_IOCAP_SAFE_APPEND;
+        if h.shared.options.batch_atomic {
+            caps |= ffi::SQLITE_IOCAP_BATCH_ATOMIC;
+        }
+        caps
+    })
+}

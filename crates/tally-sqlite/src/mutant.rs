@@ -1,0 +1,37 @@
+//! Deliberately broken variants of the VFS, usable only with the `mutants` feature. Each
+//! removes one thing SQLite's batch-atomic commit relies on; `tests/crash.rs` must catch both
+//! (a checker that cannot fail proves nothing).
+
+/// A broken variant of the VFS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum VfsMutant {
+    /// `SQLITE_FCNTL_COMMIT_ATOMIC_WRITE` commits the file's transaction without waiting for
+    /// durability, yet counts the file as synced, so the `xSync` that follows skips the flush:
+    /// SQLite acknowledges a commit a crash can lose.
+    CommitNotDurable,
+    /// `SQLITE_FCNTL_ROLLBACK_ATOMIC_WRITE` commits the pages written so far instead of
+    /// aborting them: a batch SQLite gave up on (and then redoes through a journal) leaves
+    /// half a transaction in the file until the redo lands.
+    RollbackKeepsPages,
+}
+
+impl VfsMutant {
+    /// Every mutant.
+    pub const ALL: [VfsMutant; 2] = [VfsMutant::CommitNotDurable, VfsMutant::RollbackKeepsPages];
+
+    /// Kebab-case name.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            VfsMutant::CommitNotDurable => "commit-not-durable",
+            VfsMutant::RollbackKeepsPages => "rollback-keeps-pages",
+        }
+    }
+}
+
+/// Whether mutants are compiled in (the `mutants` feature).
+#[must_use]
+pub fn available() -> bool {
+    cfg!(feature = "mutants")
+}

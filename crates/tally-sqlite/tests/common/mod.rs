@@ -1,0 +1,143 @@
+//! A bank on SQLite on Tally: accounts whose balances always sum to the same total, and a
+//! numbered list of transfers, each one SQL transaction. The workload is a function of a seed,
+//! so a model can replay it.
+
+#![allow(dead_code, reason = "each test file uses part of this module")]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use rusqlite::{Connection, OpenFlags};
+use tally_fs::{Fs, MkfsOptions, MountOptions, ROOT};
+use tally_media::Device;
+use tally_sqlite::TallyVfs;
+
+pub const ACCOUNTS: i64 = 16;
+pub const OPENING: i64 = 1000;
+pub const TOTAL: i64 = ACCOUNTS * OPENING;
+pub const DB: &str = "/bank.db";
+
+/// A VFS name no other test of this process uses.
+pub fn vfs_name(what: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("tally-test-{what}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A fresh file system on `dev`, mounted.
+pub fn mkfs_mount(dev: Arc<dyn Device>, mkfs: &MkfsOptions) -> Arc<Fs> {
+    Fs::mkfs(dev.clone(), mkfs).unwrap();
+    Arc::new(Fs::mount(dev, MountOptions::default()).unwrap())
+}
+
+/// Open the bank through `vfs`, rollback journal, `synchronous=FULL`.
+pub fn open(vfs: &TallyVfs) -> Connection {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let db = Connection::open_with_flags_and_vfs(DB, flags, vfs.name()).unwrap();
+    db.execute_batch("PRAGMA journal_mode=DELETE; PRAGMA synchronous=FULL;").unwrap();
+    db
+}
+
+/// Create the tables and the accounts (transfer 0).
+pub fn create(db: &Connection) {
+    db.execute_batch(
+        "BEGIN;
+         CREATE TABLE accounts(id INTEGER PRIMARY KEY, balance INTEGER NOT NULL);
+         CREATE TABLE transfers(id INTEGER PRIMARY KEY, src INTEGER, dst INTEGER,
+                                amount INTEGER, note BLOB);
+         COMMIT;",
+    )
+    .unwrap();
+    let tx = db.unchecked_transaction().unwrap();
+    for id in 0..ACCOUNTS {
+        tx.execute("INSERT INTO accounts VALUES (?1, ?2)", (id, OPENING)).unwrap();
+    }
+    tx.commit().unwrap();
+}
+
+/// Transfer `k` (from 1): which accounts, how much, and a note of some size (a few are
+/// several pages long, so that a commit writes many pages).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transfer {
+    pub id: i64,
+    pub src: i64,
+    pub dst: i64,
+    pub amount: i64,
+    pub note: Vec<u8>,
+}
+
+pub fn transfer(seed: u64, k: i64) -> Transfer {
+    let mut rng = fastrand::Rng::with_seed(seed ^ (k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let src = rng.i64(0..ACCOUNTS);
+    let dst = (src + rng.i64(1..ACCOUNTS)) % ACCOUNTS;
+    let note_len = if rng.u8(0..8) == 0 { rng.usize(9000..20000) } else { rng.usize(0..200) };
+    let fill = rng.u8(..);
+    Transfer { id: k, src, dst, amount: rng.i64(1..50), note: vec![fill; note_len] }
+}
+
+/// Apply transfer `t` in one transaction and commit it (returns when SQLite acknowledged).
+pub fn apply(db: &Connection, t: &Transfer) {
+    let tx = db.unchecked_transaction().unwrap();
+    tx.execute("UPDATE accounts SET balance = balance - ?2 WHERE id = ?1", (t.src, t.amount))
+        .unwrap();
+    tx.execute("UPDATE accounts SET balance = balance + ?2 WHERE id = ?1", (t.dst, t.amount))
+        .unwrap();
+    tx.execute(
+        "INSERT INTO transfers VALUES (?1, ?2, ?3, ?4, ?5)",
+        (t.id, t.src, t.dst, t.amount, &t.note),
+    )
+    .unwrap();
+    tx.commit().unwrap();
+}
+
+/// Balances after transfers 1..=n.
+pub fn model(seed: u64, n: i64) -> Vec<i64> {
+    let mut b = vec![OPENING; ACCOUNTS as usize];
+    for k in 1..=n {
+        let t = transfer(seed, k);
+        b[t.src as usize] -= t.amount;
+        b[t.dst as usize] += t.amount;
+    }
+    b
+}
+
+/// What a database holds: integrity_check's answer, balances, transfer ids (in order), and
+/// whether each transfer row equals the workload's.
+#[derive(Debug)]
+pub struct Seen {
+    pub integrity: String,
+    pub balances: Vec<i64>,
+    pub transfers: Vec<i64>,
+    pub rows_match: bool,
+}
+
+pub fn look(db: &Connection, seed: u64) -> rusqlite::Result<Seen> {
+    let integrity: String = db.query_row("PRAGMA integrity_check", [], |r| r.get(0))?;
+    let mut stmt = db.prepare("SELECT balance FROM accounts ORDER BY id")?;
+    let balances = stmt.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<Vec<i64>>>()?;
+    let mut stmt = db.prepare("SELECT id, src, dst, amount, note FROM transfers ORDER BY id")?;
+    let rows = stmt
+        .query_map([], |r| {
+            Ok(Transfer {
+                id: r.get(0)?,
+                src: r.get(1)?,
+                dst: r.get(2)?,
+                amount: r.get(3)?,
+                note: r.get(4)?,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<Transfer>>>()?;
+    let rows_match = rows.iter().all(|t| *t == transfer(seed, t.id));
+    Ok(Seen { integrity, balances, transfers: rows.iter().map(|t| t.id).collect(), rows_match })
+}
+
+/// Names in the root directory of `fs`.
+pub fn root_names(fs: &Fs) -> Vec<String> {
+    fs.readdir(ROOT, 0)
+        .unwrap()
+        .into_iter()
+        .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+        .filter(|n| n != "." && n != "..")
+        .collect()
+}
