@@ -51,6 +51,8 @@ pub(crate) struct Handle {
     txn: Option<Txn>,
     /// Bytes (whole blocks) written in the batch.
     batch_bytes: u64,
+    /// A rollback journal: each write is ordered before every later write (see `write`).
+    journal: bool,
 }
 
 static IO_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
@@ -89,6 +91,7 @@ pub(crate) fn open(
         level: ffi::SQLITE_LOCK_NONE,
         txn: None,
         batch_bytes: 0,
+        journal: flags & ffi::SQLITE_OPEN_MAIN_JOURNAL != 0,
     };
     let Some(name) = name else { return Ok(handle(Backing::Memory(Vec::new()))) };
     let fs = &shared.fs;
@@ -224,8 +227,18 @@ impl Handle {
                 _ => ffi::SQLITE_IOERR_WRITE,
             };
         }
-        let result = fs.write(None, ino, offset, data);
+        let mut result = fs.write(None, ino, offset, data);
         self.shared.locks().wrote(ino);
+        if self.journal && result.is_ok() {
+            // After a batch it rolled back, SQLite writes the journal from memory and then the
+            // database pages with no sync in between (pager.c, sqlite3PagerCommitPhaseOne), so
+            // nothing else keeps a crash from persisting pages without the journal that undoes
+            // them. A barrier (no wait) makes every later write, the pages included, survive
+            // only if this journal write does.
+            if let Err(e) = fs.barrier(ino) {
+                result = Err(e);
+            }
+        }
         match result {
             Ok(n) if n == data.len() => ffi::SQLITE_OK,
             Ok(_) => ffi::SQLITE_FULL,

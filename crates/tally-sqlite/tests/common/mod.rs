@@ -31,12 +31,17 @@ pub fn mkfs_mount(dev: Arc<dyn Device>, mkfs: &MkfsOptions) -> Arc<Fs> {
 
 /// Open the bank through `vfs`, rollback journal, `synchronous=FULL`.
 pub fn open(vfs: &TallyVfs) -> Connection {
+    try_open(vfs).unwrap()
+}
+
+/// [`open`], failing with SQLite's error.
+pub fn try_open(vfs: &TallyVfs) -> rusqlite::Result<Connection> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let db = Connection::open_with_flags_and_vfs(DB, flags, vfs.name()).unwrap();
-    db.execute_batch("PRAGMA journal_mode=DELETE; PRAGMA synchronous=FULL;").unwrap();
-    db
+    let db = Connection::open_with_flags_and_vfs(DB, flags, vfs.name())?;
+    db.execute_batch("PRAGMA journal_mode=DELETE; PRAGMA synchronous=FULL;")?;
+    Ok(db)
 }
 
 /// Create the tables and the accounts (transfer 0).
