@@ -212,7 +212,7 @@ fn give_root_to_caller(dev: Arc<dyn Device>) -> tally_fs::Result<()> {
     let fs = Fs::mount(dev, tally_fs::MountOptions::default())?;
     let set = tally_fs::SetAttr { uid: Some(uid), gid: Some(gid), ..tally_fs::SetAttr::default() };
     fs.setattr(None, tally_fs::ROOT, &set)?;
-    fs.unmount()
+    fs.unmount().map(drop)
 }
 
 /// Bytes in the largest binary unit that keeps one decimal.
