@@ -1,7 +1,7 @@
 //! The log explorer finds no violation on the real protocol, and catches every mutant.
 //! (Release mode: `scripts/test` runs the suite with `--release`.)
 
-use tally_crash::explore::{ExploreConfig, Explorer, Op, Report, Start, Workload};
+use tally_crash::explore::{ExploreConfig, Explorer, Op, Report, Start, Workload, WriteOuts};
 
 fn bounded(len: usize, start: Start, cfg: ExploreConfig) -> Report {
     let mut ex = Explorer::new(cfg);
@@ -28,9 +28,10 @@ fn random(count: usize, ops: usize, cfg: ExploreConfig) -> Report {
 
 fn summary(r: &Report) -> String {
     format!(
-        "workloads {} points {} states {} unique {} recovery-crash {} violations {} ({:.0} states/s, all exhaustive: {})",
+        "workloads {} points {} (inside ops {}) states {} unique {} recovery-crash {} violations {} ({:.0} states/s, all exhaustive: {})",
         r.workloads,
         r.crash_points,
+        r.crash_points_inside_ops,
         r.states_checked,
         r.unique_states,
         r.recovery_crash_states,
@@ -46,6 +47,22 @@ fn bounded_exploration_from_an_empty_log_finds_no_violation() {
     println!("bounded 3, empty: {}", summary(&r));
     assert_eq!(r.violations, 0, "{:#?}", r.first_violation);
     assert!(r.states_checked > 1_000_000 && r.recovery_crash_states > 0);
+}
+
+/// Write-behind with the buffers written out only by the log (durability requests, thresholds):
+/// write-outs of several ops' commits, in several submissions, crashed inside; and the log
+/// without write-behind, as before it.
+#[test]
+fn bounded_exploration_across_write_outs_and_without_write_behind_finds_no_violation() {
+    for (write_outs, len, points_inside_min) in
+        [(WriteOuts::AcrossOps, 3, 10_000), (WriteOuts::Through, 2, 100)]
+    {
+        let r =
+            bounded(len, Start::Empty, ExploreConfig { write_outs, ..ExploreConfig::default() });
+        println!("bounded {len}, empty, {}: {}", write_outs.name(), summary(&r));
+        assert_eq!(r.violations, 0, "{:#?}", r.first_violation);
+        assert!(r.crash_points_inside_ops > points_inside_min, "{}", summary(&r));
+    }
 }
 
 #[test]
@@ -96,8 +113,14 @@ fn every_mutant_is_caught() {
             && !m.needs_damage()
     };
     for m in Mutant::ALL.into_iter().filter(single_crash) {
-        let cfg =
-            ExploreConfig { mutant: Some(m), stop_at_first: true, ..ExploreConfig::default() };
+        let write_outs =
+            if m.needs_write_behind() { WriteOuts::AcrossOps } else { WriteOuts::default() };
+        let cfg = ExploreConfig {
+            mutant: Some(m),
+            stop_at_first: true,
+            write_outs,
+            ..ExploreConfig::default()
+        };
         let mut r = bounded(3, Start::Empty, cfg.clone());
         if r.first_violation.is_none() {
             // Some bugs need four ops before the crash (two commits in a segment, one that

@@ -373,7 +373,9 @@ impl Fs {
     /// I/O errors (the file system is then read-only).
     pub fn maintain(&self) -> Result<MaintainReport> {
         let mut report = MaintainReport::default();
-        let dirty = !lock(&self.state)?.cached.is_empty();
+        // Data held in memory, or changes still in the log's write-behind buffers.
+        let dirty =
+            !lock(&self.state)?.cached.is_empty() || self.log.stats().buffered_bytes > 0;
         if dirty {
             self.sync()?;
             report.synced = true;

@@ -48,6 +48,12 @@ pub struct MountConfig {
     pub mutant: Option<FuseMutant>,
     /// How often the maintenance thread makes changes durable and cleans.
     pub maintenance_interval: Duration,
+    /// How long a change may wait in memory before the log writes it to the device
+    /// (`-o commit_ms=N`; write-behind, [`tally_log::WriteBehind`]); zero writes each change
+    /// out as it commits. Whoever mounts the [`Fs`] applies it
+    /// ([`MountConfig::write_behind`]); it does not make changes durable (`fsync`, `sync`
+    /// and the maintenance round do).
+    pub commit_interval: Duration,
     /// Source shown in `/proc/mounts` (the image path).
     pub fsname: String,
     /// Other kernel mount options (`noatime`, `nodev`, …), as [`parse_options`] accepted them.
@@ -65,9 +71,20 @@ impl Default for MountConfig {
             txn_wait: Duration::from_millis(100),
             mutant: None,
             maintenance_interval: Duration::from_secs(5),
+            commit_interval: tally_log::WriteBehind::INTERVAL_DEFAULT,
             fsname: "tally".into(),
             options: Vec::new(),
         }
+    }
+}
+
+impl MountConfig {
+    /// The log's write-behind for [`MountConfig::commit_interval`] (give it to
+    /// `tally_fs::MountOptions::write_behind`); `None` for a zero interval.
+    #[must_use]
+    pub fn write_behind(&self) -> Option<tally_log::WriteBehind> {
+        (!self.commit_interval.is_zero())
+            .then(|| tally_log::WriteBehind::with_interval(self.commit_interval))
     }
 }
 
@@ -106,6 +123,12 @@ pub fn parse_options(list: &str, cfg: &mut MountConfig) -> Result<(), String> {
                     .map_err(|_| format!("{o:?}: txn_wait_ms takes milliseconds, e.g. 100"))?;
                 cfg.txn_wait = Duration::from_millis(ms);
             }
+            o if o.starts_with("commit_ms=") => {
+                let ms = o["commit_ms=".len()..].parse::<u64>().map_err(|_| {
+                    format!("{o:?}: commit_ms takes milliseconds, e.g. 5000 (0: no write-behind)")
+                })?;
+                cfg.commit_interval = Duration::from_millis(ms);
+            }
             o if o.starts_with("attr_timeout=") => cfg.attr_timeout = timeout(o)?,
             o if o.starts_with("entry_timeout=") => cfg.entry_timeout = timeout(o)?,
             o if o.starts_with("negative_timeout=") => cfg.negative_timeout = timeout(o)?,
@@ -113,7 +136,7 @@ pub fn parse_options(list: &str, cfg: &mut MountConfig) -> Result<(), String> {
             o => {
                 return Err(format!(
                     "unknown mount option {o:?} (known: default_permissions, allow_other, \
-                     txn_wait_ms=N, attr_timeout=S, entry_timeout=S, negative_timeout=S, {})",
+                     txn_wait_ms=N, commit_ms=N, attr_timeout=S, entry_timeout=S, negative_timeout=S, {})",
                     PASSED_THROUGH.join(", ")
                 ))
             }
@@ -158,6 +181,8 @@ pub struct Mounted {
     outcome: OutcomeSlot,
     dir: PathBuf,
     requests: Arc<RequestCounts>,
+    /// The image's device, for its counters (device submissions per request).
+    device: Arc<dyn tally_media::Device>,
 }
 
 /// Mount `fs` on `dir`. The kernel sees the mount when this returns; requests wait until
@@ -179,6 +204,7 @@ pub fn mount(fs: Fs, dir: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
     let notifier = Arc::new(OnceLock::new());
     let txns = Txns::new(notifier.clone(), cfg.mutant);
     let requests = Arc::new(RequestCounts::default());
+    let device = fs.log().device().clone();
     let adapter =
         TallyFuse::new(fs, cfg, txns, outcome.clone(), requests.clone(), notifier.clone());
     let mut options = vec![
@@ -195,7 +221,7 @@ pub fn mount(fs: Fs, dir: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
     let session = fuser::Session::new(adapter, dir, &config)?;
     // Set before any request is served (run() has not started): aborts can invalidate.
     let _ = notifier.set(session.notifier());
-    Ok(Mounted { session, outcome, dir: dir.to_path_buf(), requests })
+    Ok(Mounted { session, outcome, dir: dir.to_path_buf(), requests, device })
 }
 
 impl Mounted {
@@ -206,18 +232,29 @@ impl Mounted {
     }
 
     /// Unmount the directory when SIGTERM, SIGINT or SIGHUP arrives, and log the request
-    /// counts so far when SIGUSR1 does (a thread waits for them; [`block_termination_signals`]
-    /// must have run before any thread started, or the signal may be delivered elsewhere).
+    /// counts and the device's counters so far when SIGUSR1 does (a thread waits for them;
+    /// [`block_termination_signals`] must have run before any thread started, or the signal
+    /// may be delivered elsewhere).
     ///
     /// # Errors
     /// The thread could not start.
     pub fn unmount_on_signals(&self) -> io::Result<()> {
         let dir = self.dir.clone();
         let requests = self.requests.clone();
+        let device = self.device.clone();
         std::thread::Builder::new().name("tally-signals".into()).spawn(move || loop {
             let signal = wait_termination_signal();
             if signal == libc::SIGUSR1 {
                 tracing::info!("FUSE requests since mount: {}", requests.snapshot());
+                let d = device.stats();
+                tracing::info!(
+                    "device since open: submissions {}, writes {}, flushes {}, bytes written {}, submit syscalls {}",
+                    d.submissions,
+                    d.writes,
+                    d.flushes,
+                    d.bytes_written,
+                    d.submit_syscalls
+                );
                 continue;
             }
             tracing::info!(signal, "unmounting {} on signal", dir.display());
@@ -327,9 +364,16 @@ mod tests {
     fn options_parse_and_refuse_the_unknown() {
         let mut cfg = MountConfig::default();
         parse_options("default_permissions,allow_other, noatime,txn_wait_ms=7", &mut cfg).unwrap();
+        assert_eq!(cfg.commit_interval, tally_log::WriteBehind::INTERVAL_DEFAULT);
+        assert!(cfg.write_behind().is_some());
         assert!(cfg.allow_other);
         assert_eq!(cfg.txn_wait, Duration::from_millis(7));
         assert!(parse_options("txn_wait_ms=soon", &mut cfg).is_err());
+        parse_options("commit_ms=250", &mut cfg).unwrap();
+        assert_eq!(cfg.write_behind().and_then(|w| w.interval), Some(Duration::from_millis(250)));
+        parse_options("commit_ms=0", &mut cfg).unwrap();
+        assert!(cfg.write_behind().is_none());
+        assert!(parse_options("commit_ms=-1", &mut cfg).is_err());
         assert_eq!(cfg.attr_timeout, CACHE_TIMEOUT_DEFAULT);
         parse_options("attr_timeout=1,entry_timeout=0.5,negative_timeout=0", &mut cfg).unwrap();
         assert_eq!(cfg.attr_timeout, Duration::from_secs(1));

@@ -8,8 +8,11 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
 
 use tally_media::{Device, DeviceStats, IoBuf, MediaError, Ticket, Write, WriteFlags};
+
+use crate::writeback::{Buffered, Due, Flusher, InFlight, WriteBehind, Writer};
 
 use crate::format::body::{Body, TxId};
 use crate::format::superblock::{StreamRoot, Superblock, SB_BLOCKS};
@@ -106,6 +109,9 @@ pub struct OpenOptions {
     /// Sequence numbers reserved at a time; 0 means [`SEQ_RESERVE`]. Small values let tests
     /// exercise the reservation's renewal.
     pub seq_reserve: u64,
+    /// Buffer ordered commits and write them out merged (see [`WriteBehind`]); `None` (the
+    /// default) submits each commit as it is placed.
+    pub write_behind: Option<WriteBehind>,
 }
 
 impl OpenOptions {
@@ -182,6 +188,10 @@ pub struct LogStats {
     pub commits: u64,
     /// Flush rounds run by the group flusher.
     pub flush_rounds: u64,
+    /// Device submissions that wrote out committed transactions (merged batches).
+    pub write_outs: u64,
+    /// Bytes of committed transactions waiting in memory to be written out.
+    pub buffered_bytes: u64,
     /// The device's counters.
     pub device: DeviceStats,
 }
@@ -233,13 +243,13 @@ pub(crate) struct Stream {
     /// Transactions committed since the checkpoint, in order.
     pub placed: VecDeque<Placed>,
 
-    /// Encoded spans not yet submitted: (first block, bytes, seq).
-    pub pending: Vec<(u64, IoBuf, u64)>,
+    /// Placed transactions not yet submitted, in seq order (the write-behind buffer).
+    pub pending: Vec<Buffered>,
     pub submitting: bool,
     /// Orderless commits between placement and having their ticket in `inflight`.
     pub direct_submits: u32,
-    /// Submitted batches not yet known complete: (first seq, last seq, ticket).
-    pub inflight: Vec<(u64, u64, Ticket)>,
+    /// Submitted batches not yet known complete.
+    pub inflight: Vec<InFlight>,
     /// Every transaction with seq <= durable is on stable media.
     pub durable: u64,
 }
@@ -262,17 +272,20 @@ pub struct Log {
     pub(crate) block_size: u32,
     pub(crate) segment_blocks: u32,
     pub(crate) first_segment_block: u64,
-    pub(crate) streams: Vec<Mutex<Stream>>,
-    pub(crate) stream_cv: Vec<Condvar>,
+    pub(crate) streams: Arc<[Mutex<Stream>]>,
+    pub(crate) stream_cv: Arc<[Condvar]>,
     pub(crate) space: Mutex<Space>,
     pub(crate) sb: Mutex<SbState>,
     flush: Mutex<FlushState>,
     flush_cv: Condvar,
     clock: AtomicU64,
-    failed: Mutex<Option<String>>,
     pub(crate) options: OpenOptions,
     commits: AtomicU64,
     flush_rounds: AtomicU64,
+    /// Writes out the streams' buffers; shared with the flusher thread.
+    writer: Arc<Writer>,
+    /// Writes out buffers older than the commit interval; stopped when the log is dropped.
+    _flusher: Option<Flusher>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -358,23 +371,40 @@ impl Log {
         options: OpenOptions,
     ) -> Log {
         let n = streams.len();
+        let streams: Arc<[Mutex<Stream>]> = streams.into_iter().map(Mutex::new).collect();
+        let stream_cv: Arc<[Condvar]> = (0..n).map(|_| Condvar::new()).collect();
+        let writer = Arc::new(Writer::new(
+            dev.clone(),
+            streams.clone(),
+            stream_cv.clone(),
+            options.write_behind,
+            options.mutant == Some(Mutant::WriteOutReordered),
+        ));
+        let flusher = options.write_behind.and_then(|w| w.interval).and_then(|interval| {
+            Flusher::spawn(writer.clone(), interval)
+                .inspect_err(|e| {
+                    tracing::warn!(error = %e, "no flusher thread; buffers go out when full or synced");
+                })
+                .ok()
+        });
         Log {
             uuid: sb.sb.uuid,
             block_size: sb.sb.block_size,
             segment_blocks: sb.sb.segment_blocks,
             first_segment_block: sb.sb.first_segment_block,
             dev,
-            streams: streams.into_iter().map(Mutex::new).collect(),
-            stream_cv: (0..n).map(|_| Condvar::new()).collect(),
+            streams,
+            stream_cv,
             space: Mutex::new(space),
             sb: Mutex::new(sb),
             flush: Mutex::new(FlushState::default()),
             flush_cv: Condvar::new(),
             clock: AtomicU64::new(1),
-            failed: Mutex::new(None),
             options,
             commits: AtomicU64::new(0),
             flush_rounds: AtomicU64::new(0),
+            writer,
+            _flusher: flusher,
         }
     }
 
@@ -400,6 +430,8 @@ impl Log {
         LogStats {
             commits: self.commits.load(Ordering::Relaxed),
             flush_rounds: self.flush_rounds.load(Ordering::Relaxed),
+            write_outs: self.writer.write_outs.load(Ordering::Relaxed),
+            buffered_bytes: self.writer.buffered_bytes(),
             device: self.dev.stats(),
         }
     }
@@ -423,24 +455,32 @@ impl Log {
     }
 
     fn check_failed(&self) -> Result<()> {
-        match &*lock(&self.failed) {
-            Some(first_error) => Err(LogError::Failed { first_error: first_error.clone() }),
-            None => Ok(()),
-        }
+        self.writer.check_failed()
     }
 
     pub(crate) fn fail(&self, e: MediaError) -> LogError {
-        let mut failed = lock(&self.failed);
-        if failed.is_none() {
-            tracing::error!(error = %e, "log I/O failed; refusing further commits");
-            *failed = Some(e.to_string());
-        }
-        drop(failed);
+        let e = self.writer.fail(e);
         self.flush_cv.notify_all();
-        for cv in &self.stream_cv {
-            cv.notify_all();
-        }
-        LogError::Media(e)
+        e
+    }
+
+    /// Submit every committed transaction still buffered in memory (no wait, no flush): an
+    /// explicit write-out point. Nothing becomes durable by it; see [`Log::wait_durable`].
+    ///
+    /// # Errors
+    /// An earlier failure (fail-stop) and I/O errors (the log is then failed).
+    pub fn write_out(&self) -> Result<()> {
+        self.writer.write_out_all()
+    }
+
+    /// Read `buf.len()` bytes (whole blocks) starting at device block `block`, seeing every
+    /// committed transaction: blocks placed but not yet written come from memory, blocks whose
+    /// write is in flight are read once it completed.
+    ///
+    /// # Errors
+    /// A length that is not whole blocks, I/O errors.
+    pub fn read(&self, block: u64, buf: &mut [u8]) -> Result<()> {
+        self.writer.read(block, buf)
     }
 
     /// Commit `tx` ordered and atomic; returns before it is durable (`CommitMode::Ordered`).
@@ -569,7 +609,11 @@ impl Log {
             st.direct_submits -= 1;
             self.stream_cv[s].notify_all();
             match result {
-                Ok(t) => st.inflight.push((seq, seq, t)),
+                Ok(ticket) => st.inflight.push(InFlight {
+                    first: seq,
+                    ticket,
+                    ranges: vec![(start, written)],
+                }),
                 Err(e) => {
                     drop(st);
                     return Err(self.fail(e));
@@ -577,9 +621,15 @@ impl Log {
             }
             return Ok(info);
         }
-        st.pending.push((start, buf, seq));
+        let due = self.writer.buffer(s, &mut st, Buffered { start, buf, seq, at: Instant::now() });
         drop(st);
-        self.drive(s)?;
+        match due {
+            // A durable or classic commit is written out by its flush round.
+            _ if self.options.write_behind.is_some() && mode != CommitMode::Ordered => {}
+            Due::Nothing => {}
+            Due::Stream => self.writer.drive(s, u64::MAX)?,
+            Due::Every => self.writer.write_out_all()?,
+        }
         match mode {
             CommitMode::Ordered | CommitMode::Orderless => {}
             CommitMode::Count => self.wait_durable(ticket)?,
@@ -664,35 +714,6 @@ impl Log {
         self.first_segment_block.saturating_add(offset)
     }
 
-    /// Submit whatever is queued on stream `s`, unless another thread is already doing so (it
-    /// will pick up what we queued). Consecutive spans are merged into one write (RIO).
-    fn drive(&self, s: usize) -> Result<()> {
-        let mut st = lock(&self.streams[s]);
-        loop {
-            if st.submitting || st.pending.is_empty() {
-                return Ok(());
-            }
-            self.check_failed()?;
-            st.submitting = true;
-            let batch = std::mem::take(&mut st.pending);
-            drop(st);
-            let first_seq = batch.first().map_or(0, |b| b.2);
-            let last_seq = batch.last().map_or(0, |b| b.2);
-            let writes = merge(batch, self.block_size);
-            let result = self.dev.submit(writes, WriteFlags::NONE);
-            st = lock(&self.streams[s]);
-            st.submitting = false;
-            self.stream_cv[s].notify_all();
-            match result {
-                Ok(t) => st.inflight.push((first_seq, last_seq, t)),
-                Err(e) => {
-                    drop(st);
-                    return Err(self.fail(e));
-                }
-            }
-        }
-    }
-
     /// Block until transaction `t` (and so everything before it on its stream, and everything
     /// it depends on) is durable. One flush serves every waiter that arrived before it began.
     ///
@@ -755,9 +776,9 @@ impl Log {
             let tickets: Vec<Ticket> = {
                 let mut st = lock(&self.streams[s]);
                 let (due, rest): (Vec<_>, Vec<_>) =
-                    st.inflight.drain(..).partition(|b| b.0 <= target);
+                    st.inflight.drain(..).partition(|b| b.first <= target);
                 st.inflight = rest;
-                due.into_iter().map(|b| b.2).collect()
+                due.into_iter().map(|b| b.ticket).collect()
             };
             for t in tickets {
                 self.dev.wait(t).map_err(|e| self.fail(e))?;
@@ -773,17 +794,20 @@ impl Log {
         Ok(())
     }
 
-    /// Wait until every transaction of stream `s` up to `target` has been submitted.
+    /// Wait until every transaction of stream `s` up to `target` has been submitted, writing
+    /// out the stream's buffer up to it (and no further: later commits stay buffered).
     fn wait_submitted(&self, s: usize, target: u64) -> Result<()> {
         loop {
-            self.drive(s)?;
+            self.writer.drive(s, target)?;
             let mut st = lock(&self.streams[s]);
             let untracked = self.mutant(Mutant::OrderlessSubmitUntracked);
             while st.submitting || (st.direct_submits > 0 && !untracked) {
                 self.check_failed()?;
                 st = self.stream_cv[s].wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
             }
-            if st.pending.first().is_none_or(|p| p.2 > target) {
+            // Write-outs go oldest first, so the watermark covers the prefix.
+            if self.writer.written(s) >= target || st.pending.first().is_none_or(|p| p.seq > target)
+            {
                 return Ok(());
             }
         }
@@ -923,36 +947,4 @@ pub(crate) fn crc_padded(data: &[u8], block_size: usize) -> u32 {
         left -= n;
     }
     crc
-}
-
-/// Merge consecutive spans into single writes.
-fn merge(batch: Vec<(u64, IoBuf, u64)>, block_size: u32) -> Vec<Write> {
-    let bs = u64::from(block_size);
-    let mut writes: Vec<Write> = Vec::with_capacity(1);
-    let mut run: Vec<(u64, IoBuf)> = Vec::new();
-    let flush_run = |run: &mut Vec<(u64, IoBuf)>, writes: &mut Vec<Write>| {
-        if run.len() == 1 {
-            if let Some((block, buf)) = run.pop() {
-                writes.push(Write::new(block, buf));
-            }
-        } else if let Some(&(block, _)) = run.first() {
-            let len: usize = run.iter().map(|(_, b)| b.len()).sum();
-            let mut joined = IoBuf::zeroed(len);
-            let mut at = 0;
-            for (_, b) in run.drain(..) {
-                joined[at..at + b.len()].copy_from_slice(&b);
-                at += b.len();
-            }
-            writes.push(Write::new(block, joined));
-        }
-    };
-    for (block, buf, _) in batch {
-        let contiguous = run.last().is_some_and(|(b, prev)| b + prev.len() as u64 / bs == block);
-        if !contiguous {
-            flush_run(&mut run, &mut writes);
-        }
-        run.push((block, buf));
-    }
-    flush_run(&mut run, &mut writes);
-    writes
 }

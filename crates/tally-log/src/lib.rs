@@ -56,6 +56,7 @@ mod mutant;
 mod recover;
 pub mod snapshot;
 mod space;
+mod writeback;
 
 pub use clean::CleanReport;
 pub use engine::{
@@ -66,3 +67,4 @@ pub use format::body::TxId;
 pub use format::superblock::probe_block_size;
 pub use mutant::{available as mutants_available, Mutant};
 pub use recover::{Damage, RecoveredTx, Recovery, StreamRecovery};
+pub use writeback::WriteBehind;

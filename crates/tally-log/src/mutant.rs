@@ -49,11 +49,16 @@ pub enum Mutant {
     /// Recovery ignores durable watermarks: a damaged transaction proven durable is taken for
     /// a torn tail, and everything after it is silently dropped.
     WatermarkIgnored,
+    /// A write-out takes a stream's buffered batches newest first (as if the batch a
+    /// durability request needs could jump the queue), while the flush round trusts the
+    /// stream's written watermark: an older batch can stay in memory behind a flush that
+    /// declared it durable.
+    WriteOutReordered,
 }
 
 impl Mutant {
     /// Every mutant, in a fixed order.
-    pub const ALL: [Mutant; 16] = [
+    pub const ALL: [Mutant; 17] = [
         Mutant::NoPrefixCut,
         Mutant::NoDependencyClosure,
         Mutant::CountOffByOne,
@@ -70,6 +75,7 @@ impl Mutant {
         Mutant::SnapshotKept,
         Mutant::NoTailSeal,
         Mutant::WatermarkIgnored,
+        Mutant::WriteOutReordered,
     ];
 
     /// Kebab-case name, as the CLI takes it.
@@ -94,6 +100,7 @@ impl Mutant {
             Mutant::SnapshotKept => "snapshot-trusted-after-crash",
             Mutant::NoTailSeal => "no-tail-seal",
             Mutant::WatermarkIgnored => "watermark-ignored",
+            Mutant::WriteOutReordered => "write-out-reordered",
         }
     }
 
@@ -124,6 +131,14 @@ impl Mutant {
     #[must_use]
     pub fn needs_damage(self) -> bool {
         matches!(self, Mutant::WatermarkIgnored)
+    }
+
+    /// Whether only a log that buffers several operations' commits before a durability request
+    /// shows it: the explorer with write-outs across operations
+    /// (`WriteOuts::AcrossOps` in `tally-crash`), not the one that writes out after each op.
+    #[must_use]
+    pub fn needs_write_behind(self) -> bool {
+        matches!(self, Mutant::WriteOutReordered)
     }
 
     /// Parse a kebab-case name.

@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use tally_crash::explore::{ExploreConfig, Explorer, Op, Report, Start, Workload};
+use tally_crash::explore::{ExploreConfig, Explorer, Op, Report, Start, Workload, WriteOuts};
 use tally_crash::fsexplore::Medium;
 use tally_log::Mutant;
 use tally_media::pmem::BlockMutant;
@@ -78,6 +78,12 @@ pub struct LogArgs {
     /// points before every line flush and fence; --samples draws per point, --tearing unused).
     #[arg(long, default_value = "block", value_parser = parse_medium)]
     medium: Medium,
+    /// When the log writes committed transactions to the device: `each-op` (write-behind, the
+    /// buffers written out at the end of every op, inside it), `across-ops` (write-behind,
+    /// written out only at durability requests and past small thresholds, so one write-out
+    /// carries several ops' commits) or `through` (no write-behind).
+    #[arg(long, default_value = "each-op", value_parser = parse_write_outs)]
+    write_outs: WriteOuts,
     /// Seed of every random choice.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -137,6 +143,11 @@ fn parse_mutant(s: &str) -> Result<LogMutant, String> {
         .ok_or_else(|| format!("unknown mutant {s:?}; mutants: {}", names.join(", ")))
 }
 
+fn parse_write_outs(s: &str) -> Result<WriteOuts, String> {
+    WriteOuts::from_name(s)
+        .ok_or_else(|| format!("unknown write-outs {s:?}: each-op, across-ops or through"))
+}
+
 fn parse_medium(s: &str) -> Result<Medium, String> {
     Medium::from_name(s).ok_or_else(|| format!("unknown medium {s:?}: block or pmem"))
 }
@@ -151,6 +162,8 @@ pub fn run(cmd: &Command) -> ExitCode {
         for m in Mutant::ALL {
             let note = if m.needs_concurrency() {
                 "  (a race: run the concurrency test, not the explorer)"
+            } else if m.needs_write_behind() {
+                "  (with --write-outs across-ops)"
             } else if m.needs_clean_close() {
                 "  (needs a clean close: caught by the snapshot and file-system crash tests)"
             } else {
@@ -186,6 +199,7 @@ pub fn run(cmd: &Command) -> ExitCode {
             Some(LogMutant::Pmem(m)) => Some(m),
             _ => None,
         },
+        write_outs: args.write_outs,
         seed: args.seed,
         stop_at_first: args.stop_at_first,
         recovery_points: args.generations.is_some(),
@@ -268,6 +282,7 @@ fn print_report(r: &Report, json: bool) {
         return;
     }
     println!("medium                 {}", r.medium.name());
+    println!("write-outs             {}", r.write_outs.name());
     println!("workloads              {}", r.workloads);
     println!("crash points           {}", r.crash_points);
     println!("states checked         {} ({} distinct images)", r.states_checked, r.unique_states);

@@ -27,5 +27,5 @@ mod run;
 mod workload;
 
 pub use model::{Invariant, Model, ModelTx, Violation};
-pub use run::{ExploreConfig, Explorer, FirstViolation, Report, Start};
+pub use run::{ExploreConfig, Explorer, FirstViolation, Report, Start, WriteOuts};
 pub use workload::{Op, Workload};

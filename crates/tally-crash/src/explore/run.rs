@@ -5,7 +5,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
 
-use tally_log::{CommitMode, Log, LogConfig, LogError, Mutant, OpenOptions, Recovery, Transaction};
+use tally_log::{
+    CommitMode, Log, LogConfig, LogError, Mutant, OpenOptions, Recovery, Transaction, WriteBehind,
+};
 use tally_media::{Device, Geometry, Image, MemDevice};
 
 use super::model::{survivor_tags, Invariant, Model, ModelTx, Violation};
@@ -35,6 +37,58 @@ impl Start {
     pub const ALL: [Start; 3] = [Start::Empty, Start::NearlyFull, Start::Wrapped];
 }
 
+/// When the log under exploration writes its committed transactions to the device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WriteOuts {
+    /// No write-behind: each commit is submitted as it is placed.
+    Through,
+    /// Write-behind, and the explorer writes the buffers out (`Log::write_out`) at the end of
+    /// every op, inside it: the device sees what `Through` shows, through the write-out path,
+    /// and every op's own write-out has its crash points.
+    #[default]
+    EachOp,
+    /// Write-behind, the buffers written out only by the log itself: at durability requests
+    /// (`A`, `l`, `s`, `k`, `g`) and past the thresholds of [`WriteOuts::write_behind`], so one
+    /// write-out carries several ops' commits in several submissions, each crashed inside.
+    AcrossOps,
+}
+
+impl WriteOuts {
+    /// Every mode.
+    pub const ALL: [WriteOuts; 3] = [WriteOuts::Through, WriteOuts::EachOp, WriteOuts::AcrossOps];
+
+    /// Its name on the command line.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            WriteOuts::Through => "through",
+            WriteOuts::EachOp => "each-op",
+            WriteOuts::AcrossOps => "across-ops",
+        }
+    }
+
+    /// The mode called `name`.
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<Self> {
+        WriteOuts::ALL.into_iter().find(|m| m.name() == name)
+    }
+
+    /// The log's write-behind for blocks of `block_size`: no flusher thread (deterministic),
+    /// a stream written out past 6 blocks, every stream past 12, 4 blocks per submission (an
+    /// `m` or `M` alone is larger and goes alone).
+    #[must_use]
+    pub fn write_behind(self, block_size: u32) -> Option<WriteBehind> {
+        let bs = u64::from(block_size);
+        (self != WriteOuts::Through).then_some(WriteBehind {
+            interval: None,
+            stream_bytes_max: 6 * bs,
+            memory_bytes_max: 12 * bs,
+            write_bytes_max: 4 * bs,
+        })
+    }
+}
+
 /// What to explore, and how hard.
 #[derive(Debug, Clone)]
 pub struct ExploreConfig {
@@ -57,6 +111,8 @@ pub struct ExploreConfig {
     pub crash_inside_ops: bool,
     /// A deliberately broken protocol variant.
     pub mutant: Option<Mutant>,
+    /// When committed transactions are written to the device.
+    pub write_outs: WriteOuts,
     /// Drives every random choice.
     pub seed: u64,
     /// Stop at the first violation.
@@ -89,6 +145,7 @@ impl Default for ExploreConfig {
             recovery_crashes: true,
             crash_inside_ops: true,
             mutant: None,
+            write_outs: WriteOuts::default(),
             seed: 1,
             stop_at_first: false,
             medium: Medium::Block,
@@ -158,6 +215,8 @@ pub struct Report {
     pub elapsed_sec: f64,
     /// The mutant explored, if any.
     pub mutant: Option<String>,
+    /// When committed transactions were written to the device.
+    pub write_outs: WriteOuts,
     /// What the log ran on: `block` or `pmem`.
     pub medium: Medium,
     /// The first violation.
@@ -193,9 +252,16 @@ impl Explorer {
             .map(|m| m.name().to_string())
             .or_else(|| cfg.pmem_mutant.map(|m| m.name().to_string()));
         let medium = cfg.medium;
+        let write_outs = cfg.write_outs;
         Explorer {
             cfg,
-            report: Report { all_exhaustive: true, mutant, medium, ..Report::default() },
+            report: Report {
+                all_exhaustive: true,
+                mutant,
+                medium,
+                write_outs,
+                ..Report::default()
+            },
             unique: HashSet::new(),
             started: Instant::now(),
             starts: BTreeMap::new(),
@@ -219,7 +285,11 @@ impl Explorer {
     }
 
     fn open_options(&self) -> OpenOptions {
-        OpenOptions { mutant: self.cfg.mutant, ..OpenOptions::default() }
+        OpenOptions {
+            mutant: self.cfg.mutant,
+            write_behind: self.cfg.write_outs.write_behind(self.cfg.block_size),
+            ..OpenOptions::default()
+        }
     }
 
     fn geometry(&self) -> Geometry {
@@ -338,7 +408,11 @@ impl Explorer {
             }
             let before = model.clone();
             dev.set_recording(self.cfg.crash_inside_ops);
-            let applied = apply(&log, op, &mut model, self.cfg.block_size, self.cfg.segment_blocks);
+            let applied = apply(&log, op, &mut model, self.cfg.block_size, self.cfg.segment_blocks)
+                .and_then(|()| match self.cfg.write_outs {
+                    WriteOuts::EachOp => log.write_out().map_err(|e| workload_error(op, &e)),
+                    WriteOuts::Through | WriteOuts::AcrossOps => Ok(()),
+                });
             let inside = dev.take_points();
             if let Err(v) = applied {
                 self.record(at, v);
@@ -644,6 +718,10 @@ impl Explorer {
                 Start::NearlyFull => "nearly-full",
                 Start::Wrapped => "wrapped",
             };
+            let write_outs = match self.cfg.write_outs {
+                WriteOuts::EachOp => String::new(),
+                w => format!(" --write-outs {}", w.name()),
+            };
             self.report.first_violation = Some(FirstViolation {
                 seed: self.cfg.seed,
                 workload: at.workload.to_string(),
@@ -653,7 +731,7 @@ impl Explorer {
                 message: v.message,
                 states_before: self.report.states_checked,
                 replay: format!(
-                    "tally crash log --medium {}{generations} --workload {} --start {start} --seed {}{mutant} --json",
+                    "tally crash log --medium {}{generations}{write_outs} --workload {} --start {start} --seed {}{mutant} --json",
                     self.cfg.medium.name(), at.workload, self.cfg.seed
                 ),
             });

@@ -1,0 +1,441 @@
+//! Write-behind: an ordered commit returns once it is placed in its stream; the placed
+//! transactions of a stream wait in memory, in order, and go out merged into large device
+//! writes.
+//!
+//! A stream's buffer is written out (up to what is asked for):
+//! - by a durability request (`wait_durable`, `sync`, `commit_durable`, a checkpoint,
+//!   cleaning, a clean close): a flush round writes out every stream up to its cut first;
+//! - when it passes [`WriteBehind::stream_bytes_max`];
+//! - when all streams' buffers together pass [`WriteBehind::memory_bytes_max`] (every stream);
+//! - when its oldest transaction is older than [`WriteBehind::interval`] (the flusher thread);
+//! - by [`crate::Log::write_out`].
+//!
+//! A barrier needs no write-out: recovery keeps a prefix of each stream and the dependency
+//! closure whatever order the blocks reach the media in, so buffering reorders nothing a crash
+//! can show. What the buffer changes is what a crash loses: commits still in it were never
+//! promised durable, and dropping the log (or a process crash) discards them.
+//!
+//! Invariants:
+//! - a stream's buffer holds its transactions in sequence order and is written out oldest
+//!   first, by one thread at a time (`Stream::submitting`): a batch is submitted only after
+//!   every earlier buffered transaction of its stream, so `written[s]` is a prefix watermark
+//!   (every buffered transaction of stream `s` with seq <= it has been submitted) that a flush
+//!   round may trust;
+//! - a batch is one device submission of consecutive buffered transactions, at most
+//!   [`WriteBehind::write_bytes_max`] bytes unless a single transaction is larger; contiguous
+//!   transactions become one write;
+//! - a block placed but not completed is never read from the device: [`crate::Log::read`]
+//!   copies it from the buffer, or waits for the write that carries it;
+//! - `buffered[s]` and `buffered_total` count the bytes in the buffers; they change only under
+//!   the stream's lock.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tally_media::{Device, IoBuf, MediaError, Ticket, Write, WriteFlags};
+
+use crate::engine::{lock, Stream};
+use crate::{LogError, Result};
+
+/// How ordered commits are buffered before they are written out (`OpenOptions::write_behind`;
+/// `None` there writes each commit out as it is placed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteBehind {
+    /// Write out a stream's buffer once its oldest transaction is this old (a flusher thread
+    /// runs while the log is open). `None`: no thread; only sizes and durability requests
+    /// write out (deterministic, for the crash explorer).
+    pub interval: Option<Duration>,
+    /// Write out a stream's buffer once it holds this many bytes.
+    pub stream_bytes_max: u64,
+    /// Write out every stream once all buffers together hold this many bytes.
+    pub memory_bytes_max: u64,
+    /// Bytes per device submission of a write-out (a larger transaction goes alone).
+    pub write_bytes_max: u64,
+}
+
+impl WriteBehind {
+    /// The commit interval unless told otherwise: 5 s, as ext4's `commit=`.
+    pub const INTERVAL_DEFAULT: Duration = Duration::from_secs(5);
+
+    /// The defaults with the commit interval `interval`.
+    #[must_use]
+    pub fn with_interval(interval: Duration) -> Self {
+        WriteBehind { interval: Some(interval), ..WriteBehind::default() }
+    }
+}
+
+impl Default for WriteBehind {
+    fn default() -> Self {
+        WriteBehind {
+            interval: Some(WriteBehind::INTERVAL_DEFAULT),
+            stream_bytes_max: 1 << 20,
+            memory_bytes_max: 16 << 20,
+            write_bytes_max: 1 << 20,
+        }
+    }
+}
+
+/// A placed transaction's blocks, waiting in its stream's buffer.
+#[derive(Debug)]
+pub(crate) struct Buffered {
+    /// First block of its span.
+    pub start: u64,
+    /// Units and data blocks, as they will be written.
+    pub buf: IoBuf,
+    pub seq: u64,
+    /// When it was placed (for the commit interval).
+    pub at: Instant,
+}
+
+/// A submitted batch not yet known complete.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    /// Sequence number of its first transaction.
+    pub first: u64,
+    pub ticket: Ticket,
+    /// Blocks it writes: (first block, block count) per write.
+    pub ranges: Vec<(u64, u64)>,
+}
+
+/// What a write-out needs, shared by the log and its flusher thread.
+pub(crate) struct Writer {
+    pub dev: Arc<dyn Device>,
+    pub streams: Arc<[Mutex<Stream>]>,
+    pub stream_cv: Arc<[Condvar]>,
+    failed: Mutex<Option<String>>,
+    pub block_size: u32,
+    pub config: Option<WriteBehind>,
+    /// The `WriteOutReordered` mutant: batches are taken newest first.
+    reorder: bool,
+    buffered: Vec<AtomicU64>,
+    buffered_total: AtomicU64,
+    written: Vec<AtomicU64>,
+    /// Write-out submissions so far.
+    pub write_outs: AtomicU64,
+}
+
+/// Which write-outs a newly buffered transaction makes due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Due {
+    Nothing,
+    Stream,
+    Every,
+}
+
+impl Writer {
+    /// Every stream's placed transactions are on the device already (a log just opened).
+    pub(crate) fn new(
+        dev: Arc<dyn Device>,
+        streams: Arc<[Mutex<Stream>]>,
+        stream_cv: Arc<[Condvar]>,
+        config: Option<WriteBehind>,
+        reorder: bool,
+    ) -> Writer {
+        let written = streams.iter().map(|st| AtomicU64::new(lock(st).last_seq)).collect();
+        let buffered = streams.iter().map(|_| AtomicU64::new(0)).collect();
+        Writer {
+            block_size: dev.geometry().block_size,
+            dev,
+            streams,
+            stream_cv,
+            failed: Mutex::new(None),
+            config,
+            reorder,
+            buffered,
+            buffered_total: AtomicU64::new(0),
+            written,
+            write_outs: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn check_failed(&self) -> Result<()> {
+        match &*lock(&self.failed) {
+            Some(first_error) => Err(LogError::Failed { first_error: first_error.clone() }),
+            None => Ok(()),
+        }
+    }
+
+    /// Record the first I/O error (fail-stop) and wake every stream waiter.
+    pub(crate) fn fail(&self, e: MediaError) -> LogError {
+        let mut failed = lock(&self.failed);
+        if failed.is_none() {
+            tracing::error!(error = %e, "log I/O failed; refusing further commits");
+            *failed = Some(e.to_string());
+        }
+        drop(failed);
+        for cv in self.stream_cv.iter() {
+            cv.notify_all();
+        }
+        LogError::Media(e)
+    }
+
+    /// Every buffered transaction of stream `s` up to this seq has been submitted.
+    pub(crate) fn written(&self, s: usize) -> u64 {
+        self.written[s].load(Ordering::SeqCst)
+    }
+
+    /// Bytes buffered in all streams.
+    pub(crate) fn buffered_bytes(&self) -> u64 {
+        self.buffered_total.load(Ordering::Relaxed)
+    }
+
+    /// Add a placed transaction to stream `s`'s buffer (`st` is its locked state).
+    pub(crate) fn buffer(&self, s: usize, st: &mut Stream, b: Buffered) -> Due {
+        debug_assert!(st.pending.last().is_none_or(|p| p.seq < b.seq), "buffer out of order");
+        let bytes = b.buf.len() as u64;
+        st.pending.push(b);
+        let stream = self.buffered[s].fetch_add(bytes, Ordering::Relaxed) + bytes;
+        let total = self.buffered_total.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        match self.config {
+            None => Due::Stream,
+            Some(c) if total >= c.memory_bytes_max => Due::Every,
+            Some(c) if stream >= c.stream_bytes_max => Due::Stream,
+            Some(_) => Due::Nothing,
+        }
+    }
+
+    /// The next batch of `pending` to submit: consecutive transactions with seq <= `upto`,
+    /// oldest first, at most `write_bytes_max` bytes unless one transaction is larger.
+    fn next_batch(&self, pending: &[Buffered], upto: u64) -> Option<Range<usize>> {
+        let max = self.config.map_or(u64::MAX, |c| c.write_bytes_max);
+        let n = pending.iter().take_while(|b| b.seq <= upto).count();
+        if n == 0 {
+            return None;
+        }
+        let len = |i: usize| pending[i].buf.len() as u64;
+        if self.reorder {
+            // The mutant: the newest batch first, as if the one a waiter needs could jump
+            // the queue; `written` then claims the older batches too.
+            let (mut start, mut bytes) = (n - 1, len(n - 1));
+            while start > 0 && bytes + len(start - 1) <= max {
+                start -= 1;
+                bytes += len(start);
+            }
+            return Some(start..n);
+        }
+        let (mut end, mut bytes) = (1, len(0));
+        while end < n && bytes + len(end) <= max {
+            bytes += len(end);
+            end += 1;
+        }
+        Some(0..end)
+    }
+
+    /// Submit stream `s`'s buffered transactions up to seq `upto`, batch after batch, unless
+    /// another thread is writing it out already (it takes what was queued before it finished;
+    /// callers that need the write-out wait for `submitting` to clear and check again).
+    pub(crate) fn drive(&self, s: usize, upto: u64) -> Result<()> {
+        let bs = u64::from(self.block_size);
+        let mut st = lock(&self.streams[s]);
+        loop {
+            if st.submitting {
+                return Ok(());
+            }
+            let Some(range) = self.next_batch(&st.pending, upto) else { return Ok(()) };
+            self.check_failed()?;
+            st.submitting = true;
+            let batch: Vec<Buffered> = st.pending.drain(range).collect();
+            let bytes: u64 = batch.iter().map(|b| b.buf.len() as u64).sum();
+            self.buffered[s].fetch_sub(bytes, Ordering::Relaxed);
+            self.buffered_total.fetch_sub(bytes, Ordering::Relaxed);
+            drop(st);
+            let first = batch.first().map_or(0, |b| b.seq);
+            let last = batch.last().map_or(0, |b| b.seq);
+            let writes = merge(batch, self.block_size);
+            let ranges = writes.iter().map(|w| (w.block, w.data.len() as u64 / bs)).collect();
+            self.write_outs.fetch_add(1, Ordering::Relaxed);
+            let result = self.dev.submit(writes, WriteFlags::NONE);
+            st = lock(&self.streams[s]);
+            st.submitting = false;
+            self.stream_cv[s].notify_all();
+            match result {
+                Ok(ticket) => {
+                    st.inflight.push(InFlight { first, ticket, ranges });
+                    self.written[s].fetch_max(last, Ordering::SeqCst);
+                }
+                Err(e) => {
+                    drop(st);
+                    return Err(self.fail(e));
+                }
+            }
+        }
+    }
+
+    /// Submit every stream's whole buffer.
+    pub(crate) fn write_out_all(&self) -> Result<()> {
+        for s in 0..self.streams.len() {
+            self.drive(s, u64::MAX)?;
+        }
+        Ok(())
+    }
+
+    /// Read `buf.len()` bytes (whole blocks) at `block`: blocks still buffered are copied from
+    /// memory, blocks in flight are read after their write completed.
+    pub(crate) fn read(&self, block: u64, buf: &mut [u8]) -> Result<()> {
+        let bs = self.block_size as usize;
+        if !buf.len().is_multiple_of(bs) {
+            return Err(LogError::Invalid(format!(
+                "read of {} bytes: not whole blocks",
+                buf.len()
+            )));
+        }
+        let count = (buf.len() / bs) as u64;
+        let mut device_reads: Vec<(u64, usize)> = Vec::new(); // (block, index into buf)
+        for i in 0..count {
+            let b = block + i;
+            let out = &mut buf[i as usize * bs..(i as usize + 1) * bs];
+            if self.read_buffered(b, out)? {
+                continue;
+            }
+            device_reads.push((b, i as usize));
+        }
+        // Runs of blocks not in memory, one device read each.
+        let mut k = 0;
+        while k < device_reads.len() {
+            let (b0, i0) = device_reads[k];
+            let mut n = 1;
+            while k + n < device_reads.len() && device_reads[k + n].1 == i0 + n {
+                n += 1;
+            }
+            self.dev.read(b0, &mut buf[i0 * bs..(i0 + n) * bs])?;
+            k += n;
+        }
+        Ok(())
+    }
+
+    /// Copy block `b` from a stream's buffer into `out` if it is there (`true`); wait for its
+    /// write if one is in flight (`false`: read it from the device).
+    fn read_buffered(&self, b: u64, out: &mut [u8]) -> Result<bool> {
+        let bs = u64::from(self.block_size);
+        for (s, m) in self.streams.iter().enumerate() {
+            let mut st = lock(m);
+            loop {
+                let holds =
+                    |p: &&Buffered| (p.start..p.start + p.buf.len() as u64 / bs).contains(&b);
+                if let Some(p) = st.pending.iter().find(holds) {
+                    let at = ((b - p.start) * bs) as usize;
+                    out.copy_from_slice(&p.buf[at..at + bs as usize]);
+                    return Ok(true);
+                }
+                // A batch between the buffer and `inflight`: wait until it is in one of them.
+                if st.submitting {
+                    self.check_failed()?;
+                    st = self.stream_cv[s]
+                        .wait(st)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    continue;
+                }
+                break;
+            }
+            let carrying: Vec<Ticket> = st
+                .inflight
+                .iter()
+                .filter(|f| f.ranges.iter().any(|&(start, n)| (start..start + n).contains(&b)))
+                .map(|f| f.ticket)
+                .collect();
+            drop(st);
+            for t in carrying {
+                self.dev.wait(t).map_err(|e| self.fail(e))?;
+            }
+        }
+        Ok(false)
+    }
+}
+
+/// Merge consecutive spans into single writes.
+pub(crate) fn merge(batch: Vec<Buffered>, block_size: u32) -> Vec<Write> {
+    let bs = u64::from(block_size);
+    let mut writes: Vec<Write> = Vec::with_capacity(1);
+    let mut run: Vec<(u64, IoBuf)> = Vec::new();
+    let flush_run = |run: &mut Vec<(u64, IoBuf)>, writes: &mut Vec<Write>| {
+        if run.len() == 1 {
+            if let Some((block, buf)) = run.pop() {
+                writes.push(Write::new(block, buf));
+            }
+        } else if let Some(&(block, _)) = run.first() {
+            let len: usize = run.iter().map(|(_, b)| b.len()).sum();
+            let mut joined = IoBuf::zeroed(len);
+            let mut at = 0;
+            for (_, b) in run.drain(..) {
+                joined[at..at + b.len()].copy_from_slice(&b);
+                at += b.len();
+            }
+            writes.push(Write::new(block, joined));
+        }
+    };
+    for Buffered { start, buf, .. } in batch {
+        let contiguous = run.last().is_some_and(|(b, prev)| b + prev.len() as u64 / bs == start);
+        if !contiguous {
+            flush_run(&mut run, &mut writes);
+        }
+        run.push((start, buf));
+    }
+    flush_run(&mut run, &mut writes);
+    writes
+}
+
+/// The thread that writes out buffers older than the commit interval; stopped and joined when
+/// dropped (with the log). It stops by itself after an I/O error (the log is failed then).
+pub(crate) struct Flusher {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Flusher {
+    pub(crate) fn spawn(writer: Arc<Writer>, interval: Duration) -> std::io::Result<Flusher> {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("tally-log-flush".into())
+            .spawn(move || flusher_loop(&writer, interval, &flag))?;
+        Ok(Flusher { stop, thread: Some(thread) })
+    }
+}
+
+fn flusher_loop(writer: &Writer, interval: Duration, stop: &(Mutex<bool>, Condvar)) {
+    // The thread re-checks at least this often even when a stream is busy being written out.
+    const RETRY: Duration = Duration::from_millis(1);
+    loop {
+        let now = Instant::now();
+        let mut next = now + interval;
+        for s in 0..writer.streams.len() {
+            let oldest = lock(&writer.streams[s]).pending.first().map(|b| b.at);
+            let Some(at) = oldest else { continue };
+            if now.duration_since(at) < interval {
+                next = next.min(at + interval);
+                continue;
+            }
+            if let Err(e) = writer.drive(s, u64::MAX) {
+                tracing::error!(error = %e, "write-out after the commit interval failed");
+                return;
+            }
+            // Another thread was writing the stream out: look again soon.
+            if lock(&writer.streams[s]).pending.first().is_some_and(|b| b.at <= at) {
+                next = next.min(now + RETRY);
+            }
+        }
+        let (m, cv) = stop;
+        let guard = lock(m);
+        let wait = next.saturating_duration_since(Instant::now());
+        let (guard, _) = cv
+            .wait_timeout_while(guard, wait, |stopped| !*stopped)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *guard {
+            return;
+        }
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        let (m, cv) = &*self.stop;
+        *lock(m) = true;
+        cv.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Write-behind (`OpenOptions::write_behind`): ordered commits wait in memory and go out merged
+//! at durability requests, past a stream's or the memory threshold, after the commit interval,
+//! or at `Log::write_out`; reads see buffered blocks; dropping the log discards the buffer.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tally_log::{Log, LogConfig, OpenOptions, Transaction, WriteBehind};
+use tally_media::{Device, MemDevice};
+
+const BS: u32 = 512;
+
+fn fresh(streams: u16) -> Arc<MemDevice> {
+    let dev = Arc::new(MemDevice::new(BS, 1024).unwrap());
+    Log::format(&*dev, &LogConfig { streams, segment_blocks: 64, uuid: [3; 16] }).unwrap();
+    dev
+}
+
+/// Write-behind with no flusher thread and thresholds far away unless given.
+fn behind(stream_bytes_max: u64, memory_bytes_max: u64) -> OpenOptions {
+    OpenOptions {
+        write_behind: Some(WriteBehind {
+            interval: None,
+            stream_bytes_max,
+            memory_bytes_max,
+            write_bytes_max: 1 << 20,
+        }),
+        ..OpenOptions::default()
+    }
+}
+
+fn open(dev: &Arc<MemDevice>, opts: OpenOptions) -> (Log, tally_log::Recovery) {
+    Log::open(dev.clone(), opts).unwrap()
+}
+
+fn tx(stream: u16, tag: &str) -> Transaction {
+    let mut t = Transaction::new(stream);
+    t.record(tag.as_bytes().to_vec());
+    t
+}
+
+fn tags(r: &tally_log::Recovery, stream: usize) -> Vec<String> {
+    r.streams[stream]
+        .txs
+        .iter()
+        .flat_map(|t| t.records.iter().map(|r| String::from_utf8_lossy(r).into_owned()))
+        .collect()
+}
+
+#[test]
+fn ordered_commits_wait_in_memory_and_a_sync_writes_them_out_merged() {
+    let dev = fresh(2);
+    let (log, _) = open(&dev, behind(1 << 20, 1 << 30));
+    let before = dev.stats();
+    for i in 0..20 {
+        log.commit(tx(0, &format!("a{i}"))).unwrap();
+        log.commit(tx(1, &format!("b{i}"))).unwrap();
+    }
+    assert_eq!(dev.stats().submissions, before.submissions, "an ordered commit wrote");
+    assert_eq!(log.stats().buffered_bytes, 40 * u64::from(BS));
+    log.sync().unwrap();
+    let spent = dev.stats() - before;
+    // One write-out per stream (each stream's 20 transactions are contiguous), one flush.
+    assert_eq!((spent.submissions, spent.writes, spent.flushes), (2, 2, 1), "{spent:?}");
+    assert_eq!(log.stats().buffered_bytes, 0);
+    drop(log);
+    let (_, r) = open(&dev, OpenOptions::default());
+    assert_eq!(tags(&r, 0), (0..20).map(|i| format!("a{i}")).collect::<Vec<_>>());
+    assert_eq!(tags(&r, 1), (0..20).map(|i| format!("b{i}")).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_durable_commit_writes_out_only_up_to_what_it_needs() {
+    let dev = fresh(2);
+    let (log, _) = open(&dev, behind(1 << 20, 1 << 30));
+    log.commit(tx(0, "a")).unwrap();
+    log.commit(tx(1, "b")).unwrap();
+    log.commit_durable(tx(0, "A")).unwrap();
+    // The flush round's cut holds everything committed before it, on both streams.
+    assert_eq!(log.stats().buffered_bytes, 0);
+    log.commit(tx(0, "later")).unwrap();
+    assert_eq!(log.stats().buffered_bytes, u64::from(BS));
+    drop(log); // discards "later": it was never promised durable
+    let (_, r) = open(&dev, OpenOptions::default());
+    assert_eq!(tags(&r, 0), ["a", "A"]);
+    assert_eq!(tags(&r, 1), ["b"]);
+}
+
+#[test]
+fn a_stream_past_its_threshold_is_written_out() {
+    let dev = fresh(2);
+    let (log, _) = open(&dev, behind(4 * u64::from(BS), 1 << 30));
+    let before = dev.stats().submissions;
+    for i in 0..3 {
+        log.commit(tx(0, &format!("a{i}"))).unwrap();
+    }
+    assert_eq!(dev.stats().submissions, before);
+    log.commit(tx(0, "a3")).unwrap();
+    assert_eq!(dev.stats().submissions, before + 1, "4 blocks reached the threshold");
+    assert_eq!(log.stats().buffered_bytes, 0);
+}
+
+#[test]
+fn memory_pressure_writes_out_every_stream() {
+    let dev = fresh(2);
+    let (log, _) = open(&dev, behind(1 << 20, 4 * u64::from(BS)));
+    let before = dev.stats().submissions;
+    log.commit(tx(0, "a0")).unwrap();
+    log.commit(tx(1, "b0")).unwrap();
+    log.commit(tx(0, "a1")).unwrap();
+    assert_eq!(dev.stats().submissions, before);
+    log.commit(tx(1, "b1")).unwrap();
+    assert_eq!(dev.stats().submissions, before + 2, "both streams written out");
+    assert_eq!(log.stats().buffered_bytes, 0);
+}
+
+#[test]
+fn the_flusher_thread_writes_out_after_the_commit_interval() {
+    let dev = fresh(2);
+    let opts = OpenOptions {
+        write_behind: Some(WriteBehind::with_interval(Duration::from_millis(50))),
+        ..OpenOptions::default()
+    };
+    let (log, _) = open(&dev, opts);
+    let before = dev.stats();
+    let started = Instant::now();
+    log.commit(tx(0, "a")).unwrap();
+    while log.stats().buffered_bytes > 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "never written out");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(started.elapsed() >= Duration::from_millis(50), "written out before the interval");
+    let spent = dev.stats() - before;
+    assert_eq!((spent.submissions, spent.flushes), (1, 0), "the interval writes out, no flush");
+    drop(log); // joins the thread
+    let (_, r) = open(&dev, OpenOptions::default());
+    assert_eq!(tags(&r, 0), ["a"]);
+}
+
+#[test]
+fn reads_of_buffered_blocks_come_from_memory() {
+    let dev = fresh(1);
+    let (log, _) = open(&dev, behind(1 << 20, 1 << 30));
+    let mut t = tx(0, "with data");
+    t.data(vec![0xAB; BS as usize]);
+    t.data(vec![0xCD; 10]);
+    let info = log.commit(t).unwrap();
+    let mut buf = vec![0u8; 2 * BS as usize];
+    dev.read(info.data_start, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 0), "the device already holds the data");
+    let reads = dev.stats().reads;
+    log.read(info.data_start, &mut buf).unwrap();
+    assert_eq!(dev.stats().reads, reads, "read from the device");
+    assert!(buf[..BS as usize].iter().all(|&b| b == 0xAB));
+    assert_eq!(
+        &buf[BS as usize..BS as usize + 11],
+        &[0xCD; 10].iter().chain(&[0]).copied().collect::<Vec<_>>()[..]
+    );
+    // A range reaching past the buffered blocks: the rest comes from the device.
+    let mut wide = vec![1u8; 3 * BS as usize];
+    log.read(info.data_start, &mut wide).unwrap();
+    assert_eq!(&wide[..2 * BS as usize], &buf[..]);
+    assert!(wide[2 * BS as usize..].iter().all(|&b| b == 0));
+    log.write_out().unwrap();
+    let mut again = vec![0u8; 2 * BS as usize];
+    log.read(info.data_start, &mut again).unwrap();
+    assert_eq!(again, buf);
+    dev.read(info.data_start, &mut again).unwrap();
+    assert_eq!(again, buf, "write_out submitted the buffer");
+}
+
+#[test]
+fn without_write_behind_each_ordered_commit_is_submitted_at_once() {
+    let dev = fresh(1);
+    let (log, _) = open(&dev, OpenOptions::default());
+    let before = dev.stats().submissions;
+    for i in 0..5 {
+        log.commit(tx(0, &format!("a{i}"))).unwrap();
+    }
+    assert_eq!(dev.stats().submissions, before + 5);
+    assert_eq!(log.stats().buffered_bytes, 0);
+}
