@@ -374,8 +374,7 @@ impl Fs {
     pub fn maintain(&self) -> Result<MaintainReport> {
         let mut report = MaintainReport::default();
         // Data held in memory, or changes still in the log's write-behind buffers.
-        let dirty =
-            !lock(&self.state)?.cached.is_empty() || self.log.stats().buffered_bytes > 0;
+        let dirty = !lock(&self.state)?.cached.is_empty() || self.log.stats().buffered_bytes > 0;
         if dirty {
             self.sync()?;
             report.synced = true;
