@@ -248,12 +248,14 @@ impl Mounted {
                 tracing::info!("FUSE requests since mount: {}", requests.snapshot());
                 let d = device.stats();
                 tracing::info!(
-                    "device since open: submissions {}, writes {}, flushes {}, bytes written {}, submit syscalls {}",
+                    "device since open: submissions {}, writes {}, flushes {}, bytes written {}, submit syscalls {}, reads {}, bytes read {}",
                     d.submissions,
                     d.writes,
                     d.flushes,
                     d.bytes_written,
-                    d.submit_syscalls
+                    d.submit_syscalls,
+                    d.reads,
+                    d.bytes_read
                 );
                 continue;
             }
