@@ -231,7 +231,9 @@ impl Writer {
         let bs = u64::from(self.block_size);
         let mut st = lock(&self.streams[s]);
         loop {
-            if st.submitting {
+            // Batches go oldest first, so once the watermark reaches `upto` every buffered
+            // transaction up to it is submitted.
+            if st.submitting || self.written(s) >= upto {
                 return Ok(());
             }
             let Some(range) = self.next_batch(&st.pending, upto) else { return Ok(()) };
