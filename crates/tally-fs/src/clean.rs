@@ -158,6 +158,11 @@ impl Fs {
         let bs = u64::from(self.bs);
         let limit = self.pack_blocks();
         let tombstones_kept = self.mutant != Some(FsMutant::TombstoneDroppedEarly);
+        // The mutant forgets the checkpoint snapshot while judging tombstones.
+        let checkpoint_ver = st.checkpoint_ver;
+        if self.mutant == Some(FsMutant::CheckpointTombstoneDropped) {
+            st.checkpoint_ver = None;
+        }
         let mut seen: Vec<Key> = Vec::new();
         // Each pack is handed to the log with the last old transaction it carries records of
         // (the log takes at most one new transaction per old one).
@@ -192,6 +197,7 @@ impl Fs {
             }
             open_last = Some(rtx.id);
         }
+        st.checkpoint_ver = checkpoint_ver;
         if let Some(last) = open_last {
             packs.push((last, open));
         }
@@ -302,9 +308,15 @@ impl Fs {
 pub(crate) fn live(st: &State, rec: &Record, key: &Key, tombstones_kept: bool) -> bool {
     let ver = rec.ver();
     let owner = key.owner();
+    // A tombstone written after the checkpoint snapshot in force is needed as long as that
+    // snapshot is: a crash recovers the snapshot (which may hold the object) and replays what
+    // follows it, so the tombstone must be among what follows.
+    let after_checkpoint = st.checkpoint_ver.is_some_and(|c| ver >= c);
     if let (Some(&freed), Record::Free { .. }) = (st.freed.get(&owner), rec) {
         // The free is needed while anything older of the inode is still in the log.
-        return freed == ver && tombstones_kept && st.ino_count.get(&owner).is_some_and(|&c| c > 1);
+        return freed == ver
+            && tombstones_kept
+            && (after_checkpoint || st.ino_count.get(&owner).is_some_and(|&c| c > 1));
     }
     if !matches!(key, Key::Fs) && !st.inodes.contains_key(&owner) {
         return false; // freed: everything of it is dead
@@ -312,7 +324,7 @@ pub(crate) fn live(st: &State, rec: &Record, key: &Key, tombstones_kept: bool) -
     let tomb_needed = || {
         tombstones_kept
             && st.tombs.get(key) == Some(&ver)
-            && st.key_count.get(key).is_some_and(|&c| c > 1)
+            && (after_checkpoint || st.key_count.get(key).is_some_and(|&c| c > 1))
     };
     match rec {
         Record::Fs { .. } => ver == st.fs_ver,
@@ -415,6 +427,8 @@ impl Fs {
                 Err(e) => return Err(e),
             }
         }
+        // Explicit transactions' commits, and anything else past the replay budget.
+        self.checkpoint_due_locked(&mut st)?;
         Ok(report)
     }
 }

@@ -58,7 +58,10 @@ mod types;
 
 pub use clean::{FsCleanReport, MaintainReport, Maintenance};
 pub use error::{FsError, Result};
-pub use fs::{Fs, MkfsOptions, MountOptions, MountReport, SnapshotOutcome, StreamPolicy, Txn};
+pub use fs::{
+    Fs, MkfsOptions, MountOptions, MountReport, SnapshotOutcome, StreamPolicy, Txn,
+    REPLAY_BUDGET_DEFAULT,
+};
 pub use fsck::{FsckReport, SegmentLiveness};
 pub use mutant::{available as mutants_available, FsMutant};
 pub use types::*;

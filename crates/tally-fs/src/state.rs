@@ -224,6 +224,10 @@ pub(crate) struct State {
     /// The segments the clean-unmount snapshot of this state needs, and `next_ver` when that
     /// was measured (`fs/space.rs`).
     pub snapshot_need: Option<(u64, u32)>,
+    /// `next_ver` when the checkpoint snapshot in force was taken (`None` without one): every
+    /// record from this version on is in the log after it, and tombstones among them are kept
+    /// while it is in force (`clean.rs`).
+    pub checkpoint_ver: Option<u64>,
 }
 
 impl State {
@@ -278,6 +282,17 @@ impl State {
     /// Rebuild the state from the transactions recovery kept. Records are applied in version
     /// order, whatever stream or position they were found at.
     pub fn replay(streams: &[Vec<RecoveredTx>], ignore_versions: bool) -> Result<State> {
+        let st = State { next_ino: ROOT + 1, next_ver: 1, ..State::default() };
+        Self::replay_onto(st, streams, ignore_versions)
+    }
+
+    /// Apply the transactions recovery kept on top of `st` (empty, or a checkpoint snapshot's
+    /// state, which the transactions all followed), in version order.
+    pub fn replay_onto(
+        mut st: State,
+        streams: &[Vec<RecoveredTx>],
+        ignore_versions: bool,
+    ) -> Result<State> {
         let mut recs: Vec<(Record, TxId, u64, u32)> = Vec::new();
         for txs in streams {
             for tx in txs {
@@ -307,7 +322,6 @@ impl State {
         let (inodes, children): (Vec<_>, Vec<_>) = recs.into_iter().partition(|(r, ..)| {
             matches!(r, Record::Fs { .. } | Record::Inode { .. } | Record::Free { .. })
         });
-        let mut st = State { next_ino: ROOT + 1, next_ver: 1, ..State::default() };
         for (rec, tx, data_start, data_count) in inodes.into_iter().chain(children) {
             let key = Key::of(&rec);
             st.count(&key);

@@ -282,6 +282,11 @@ pub struct Log {
     pub(crate) options: OpenOptions,
     commits: AtomicU64,
     flush_rounds: AtomicU64,
+    /// Blocks placed in the streams since the checkpoint snapshot in force (or the open).
+    pub(crate) placed_blocks: AtomicU64,
+    /// Segments of the checkpoint snapshot the superblock points at (empty without one):
+    /// held until a newer one is durable.
+    pub(crate) checkpoint_snapshot: Mutex<Vec<u32>>,
     /// Writes out the streams' buffers; shared with the flusher thread.
     writer: Arc<Writer>,
     /// Writes out buffers older than the commit interval; stopped when the log is dropped.
@@ -348,6 +353,7 @@ impl Log {
             first_segment_block,
             streams: roots,
             snapshot: None,
+            snapshot_generation: None,
         };
         let mut second = sb.clone();
         second.generation = 0;
@@ -403,6 +409,8 @@ impl Log {
             options,
             commits: AtomicU64::new(0),
             flush_rounds: AtomicU64::new(0),
+            placed_blocks: AtomicU64::new(0),
+            checkpoint_snapshot: Mutex::new(Vec::new()),
             writer,
             _flusher: flusher,
         }
@@ -599,6 +607,7 @@ impl Log {
         let ticket = TxId { stream: tx.stream, seq };
         let info = CommitInfo { ticket, data_start: start + unit_count };
         self.commits.fetch_add(1, Ordering::Relaxed);
+        self.placed_blocks.fetch_add(span, Ordering::Relaxed);
         if mode == CommitMode::Orderless {
             // Submitted outside the lock; until its ticket is in `inflight`, `direct_submits`
             // keeps a flush round from declaring it durable.

@@ -107,6 +107,10 @@ pub struct Recovery {
     /// from its snapshot without scanning (the streams' `txs` are then empty: everything they
     /// held is described by this state).
     pub snapshot: Option<Vec<u8>>,
+    /// `snapshot` is a checkpoint snapshot's ([`Log::checkpoint_snapshot`]): it describes the
+    /// state up to a point, and the streams' `txs` are what was committed after it, to be
+    /// applied on top. (`false` with a clean close's snapshot: the `txs` are then empty.)
+    pub snapshot_is_checkpoint: bool,
     /// Transactions proven durable that recovery could not keep (only with
     /// [`OpenOptions::salvage`]; without it, such damage fails the open).
     pub damage: Vec<Damage>,
@@ -218,10 +222,19 @@ impl Log {
         let (sb, slot) = read_superblock(&*dev)?;
         let started = Instant::now();
         let check_generation = options.mutant != Some(Mutant::SnapshotKept);
+        let mut base = None;
         if let Some(found) = crate::snapshot::read(&*dev, &sb, check_generation)? {
-            return Self::open_restored(dev, (sb, slot), found, options, started);
+            if sb.snapshot_generation.is_none() {
+                return Self::open_restored(dev, (sb, slot), found, options, started);
+            }
+            base = Some(found);
         }
-        let ctx = Ctx { dev: &*dev, sb: &sb, options, stop_after_seq: u64::MAX };
+        // With a checkpoint snapshot, each stream it still describes is scanned from the
+        // snapshot's position instead of its checkpoint: the scan sees a superblock whose
+        // checkpoint fields are those positions (`eff`); what is written back keeps the real
+        // checkpoints (`sb`), so the log still holds everything from them on.
+        let eff = effective_superblock(&sb, base.as_ref());
+        let ctx = Ctx { dev: &*dev, sb: &eff, options, stop_after_seq: u64::MAX };
         // Streams are scanned in parallel, one thread each, when the log is large enough for
         // that to pay; a small log is scanned faster than a thread starts.
         let log_blocks = u64::from(sb.segment_count).saturating_mul(u64::from(sb.segment_blocks));
@@ -251,7 +264,7 @@ impl Log {
         };
         let mut scans = scans.into_iter().collect::<Result<Vec<Scan>>>()?;
         if !ctx.mutant(Mutant::NoDependencyClosure) {
-            close_dependencies(&sb, &mut scans);
+            close_dependencies(&eff, &mut scans);
         }
         let scan_time = started.elapsed();
         let blocks_scanned = scans.iter().fold(0u64, |n, s| n.saturating_add(s.blocks));
@@ -276,11 +289,44 @@ impl Log {
             }
         }
 
+        // What a crash now would replay: the chains from where the scan started.
+        let replayable = scans
+            .iter()
+            .zip(&eff.streams)
+            .map(|(scan, root)| chain_blocks(&eff, scan.chain.len(), root, scan.end_offset))
+            .fold(0u64, u64::saturating_add);
+        // The snapshot's part of each chain before what was scanned after it.
+        let mut prefixes: Vec<VecDeque<Placed>> = Vec::with_capacity(scans.len());
+        let mut snapshot_segments: Vec<u32> =
+            sb.snapshot.filter(|_| !ctx.mutant(Mutant::SnapshotKept)).into_iter().collect();
+        let mut payload = None;
+        let mut blocks_scanned = blocks_scanned;
+        if let Some(found) = base {
+            snapshot_segments = found.segments;
+            payload = Some(found.payload);
+            blocks_scanned = blocks_scanned.saturating_add(found.blocks);
+            for (scan, restored) in scans.iter_mut().zip(found.streams) {
+                let Some(r) = restored else {
+                    prefixes.push(VecDeque::new());
+                    continue;
+                };
+                // The restored chain ends in the segment the scan started in.
+                let mut chain: Vec<u32> = r.chain.iter().copied().collect();
+                chain.pop();
+                chain.append(&mut scan.chain);
+                scan.chain = chain;
+                prefixes.push(r.placed);
+            }
+        }
         // Every stream's chain, each segment held once, checked before anything is written.
-        let chains = claim_chains(&ctx, &scans)?;
+        let chains = claim_chains(&ctx, &scans, &snapshot_segments)?;
         // New epoch for every stream, durable before any new write.
         let mut new_sb = sb.clone();
-        new_sb.snapshot = None;
+        if payload.is_none() {
+            new_sb.snapshot = None;
+            new_sb.snapshot_generation = None;
+            snapshot_segments.clear();
+        }
         let bump = !ctx.mutant(Mutant::NoEpochBump);
         if bump && sb.generation.checked_add(1).is_none() {
             // Refused before the seals: recovery writes nothing on an image it cannot finish.
@@ -296,12 +342,15 @@ impl Log {
         let mut roots = Vec::with_capacity(scans.len());
         let mut used = Vec::new();
         let mut seals = Vec::new();
-        for (s, ((scan, chain), &root)) in
-            scans.into_iter().zip(chains).zip(&sb.streams).enumerate()
+        let mut prefixes = prefixes.into_iter();
+        for (s, ((scan, chain), (&root, &eff_root))) in
+            scans.into_iter().zip(chains).zip(sb.streams.iter().zip(&eff.streams)).enumerate()
         {
-            let tail = scan.txs.last().map_or(root.checkpoint_seq, |t| t.0.id.seq);
+            let tail = scan.txs.last().map_or(eff_root.checkpoint_seq, |t| t.0.id.seq);
             let new_root =
                 if bump { next_root(&ctx, root, tail, scan.max_seq_seen, s)? } else { root };
+            let mut placed = prefixes.next().unwrap_or_default();
+            placed.extend(scan.txs.iter().map(|t| t.1));
             roots.push(new_root);
             let next_seq = if bump { new_root.resume_seq } else { tail.saturating_add(1) };
             used.extend(chain.iter().copied());
@@ -325,7 +374,7 @@ impl Log {
                 },
                 next_segment: scan.next_segment,
                 chain,
-                placed: scan.txs.iter().map(|t| t.1).collect(),
+                placed,
                 pending: Vec::new(),
                 submitting: false,
                 direct_submits: 0,
@@ -348,6 +397,7 @@ impl Log {
             dev.write_sync(writes, WriteFlags::NONE)?;
         }
         dev.flush()?;
+        used.extend(snapshot_segments.iter().copied());
         let space = Space::new(sb.segment_count, used);
         let log = Log::from_parts(dev, SbState { sb, slot }, streams, space, options);
         if bump {
@@ -355,7 +405,20 @@ impl Log {
             let mut state = log.sb.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             log.write_superblock(&mut state, new_sb, durable)?;
         }
-        Ok((log, Recovery { streams: report, blocks_scanned, scan_time, snapshot: None, damage }))
+        *crate::engine::lock(&log.checkpoint_snapshot) = snapshot_segments;
+        log.placed_blocks.store(replayable, std::sync::atomic::Ordering::Relaxed);
+        let snapshot_is_checkpoint = payload.is_some();
+        Ok((
+            log,
+            Recovery {
+                streams: report,
+                blocks_scanned,
+                scan_time,
+                snapshot: payload,
+                snapshot_is_checkpoint,
+                damage,
+            },
+        ))
     }
 
     /// Open from a clean-close snapshot: streams as they were, a new epoch for each, and the
@@ -367,7 +430,13 @@ impl Log {
         options: OpenOptions,
         started: Instant,
     ) -> Result<(Log, Recovery)> {
-        let crate::snapshot::Found { streams: restored, payload, blocks } = found;
+        let crate::snapshot::Found { streams: restored, payload, blocks, .. } = found;
+        // A clean close's snapshot describes every stream (only a checkpoint snapshot's are
+        // trimmed by later checkpoints).
+        let restored: Vec<_> = restored.into_iter().flatten().collect();
+        if restored.len() != sb.streams.len() {
+            return Err(corrupted("clean-close snapshot", 0, "a stream is missing"));
+        }
         let mut new_sb = sb.clone();
         if options.mutant != Some(Mutant::SnapshotKept) {
             new_sb.snapshot = None;
@@ -379,7 +448,10 @@ impl Log {
         let ctx = Ctx { dev: &*dev, sb: &sb, options, stop_after_seq: u64::MAX };
         // The snapshot loader checked one state per stream root, and that they hold disjoint
         // segments (`space::Claims`).
+        let mut replayable = 0u64;
         for (s, (r, &root)) in restored.into_iter().zip(&sb.streams).enumerate() {
+            let blocks = chain_blocks(&sb, r.chain.len(), &root, r.offset);
+            replayable = replayable.saturating_add(blocks);
             let tail = r.last_seq;
             let new_root = next_root(&ctx, root, tail, tail, s)?;
             roots.push(new_root);
@@ -402,6 +474,7 @@ impl Log {
             let mut state = log.sb.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             log.write_superblock(&mut state, new_sb, true)?;
         }
+        log.placed_blocks.store(replayable, std::sync::atomic::Ordering::Relaxed);
         let scan_time = started.elapsed();
         Ok((
             log,
@@ -410,6 +483,7 @@ impl Log {
                 blocks_scanned: blocks,
                 scan_time,
                 snapshot: Some(payload),
+                snapshot_is_checkpoint: false,
                 damage: Vec::new(),
             },
         ))
@@ -423,17 +497,22 @@ impl Log {
 /// lead it into another stream's segment; [`LogError::Corrupted`], naming the stream and the
 /// segment, before anything is written, instead of a [`Space`] that hands one segment to two
 /// owners (one overwriting the other's durable transactions; both releasing it).
-fn claim_chains(ctx: &Ctx<'_>, scans: &[Scan]) -> Result<Vec<VecDeque<u32>>> {
+fn claim_chains(
+    ctx: &Ctx<'_>,
+    scans: &[Scan],
+    snapshot_segments: &[u32],
+) -> Result<Vec<VecDeque<u32>>> {
     let sb = ctx.sb;
     let mut claims = Claims::new(sb.segment_count);
     let refused = |segment: u32, why: String| {
         corrupted("stream chain", sb.segment_start(segment), format!("{why}; chains overlap"))
     };
-    // The superblock points at a snapshot only while nothing was written after the clean
-    // close (open clears the pointer first), so no chain can hold its first segment. (The
-    // snapshot-kept mutant writes on after it, on purpose.)
-    if let Some(first) = sb.snapshot.filter(|_| !ctx.mutant(Mutant::SnapshotKept)) {
-        claims.claim(first, Owner::Snapshot).map_err(|why| refused(first, why))?;
+    // A clean close's snapshot is pointed at only while nothing was written after the close
+    // (open clears the pointer first), and a checkpoint snapshot's segments are held until a
+    // newer one is durable, so no chain can hold one of them. (The snapshot-kept mutant
+    // writes on after a clean close's, on purpose: the caller leaves it out.)
+    for &seg in snapshot_segments {
+        claims.claim(seg, Owner::Snapshot).map_err(|why| refused(seg, why))?;
     }
     let mut chains = Vec::with_capacity(scans.len());
     for (s, scan) in scans.iter().enumerate() {
@@ -819,6 +898,30 @@ fn try_tx(
         deps: body.deps,
     };
     Ok(Some((h, tx)))
+}
+
+/// Blocks of a chain of `segments` segments from `root`'s checkpoint to `end_offset` in its
+/// last segment (what a scan from the checkpoint reads, at most).
+fn chain_blocks(sb: &Superblock, segments: usize, root: &StreamRoot, end_offset: u32) -> u64 {
+    let whole = widen(segments.saturating_sub(1)).saturating_mul(u64::from(sb.segment_blocks));
+    whole.saturating_add(u64::from(end_offset)).saturating_sub(u64::from(root.checkpoint_offset))
+}
+
+/// The superblock the scan follows: with a checkpoint snapshot, each stream it still
+/// describes starts after the snapshot's last transaction of it, at its position.
+fn effective_superblock(sb: &Superblock, base: Option<&crate::snapshot::Found>) -> Superblock {
+    let mut eff = sb.clone();
+    let Some(found) = base else { return eff };
+    for (root, restored) in eff.streams.iter_mut().zip(&found.streams) {
+        let Some(r) = restored else { continue };
+        let Some(last) = r.placed.back() else { continue };
+        root.checkpoint_seq = r.last_seq;
+        root.checkpoint_epoch = last.epoch;
+        root.checkpoint_segment = r.segment;
+        root.checkpoint_offset = r.offset;
+        root.checkpoint_next_segment = r.next_segment;
+    }
+    eff
 }
 
 /// Cut every stream at its first survivor whose dependency did not survive, until nothing

@@ -51,15 +51,68 @@ impl Log {
     /// I/O errors; an earlier failure (fail-stop).
     pub fn close_clean(self, payload: &[u8]) -> Result<bool> {
         self.sync()?;
-        let blob = encode_blob(&self.stream_states(), payload);
+        Ok(self.write_snapshot(payload, false)?.is_some())
+    }
+
+    /// Write a *checkpoint snapshot* while the log stays open: make everything committed
+    /// durable, write the streams' state and `payload` (the layer above's state, which must
+    /// describe exactly what was committed before this call: nothing may be committed
+    /// meanwhile) to free segments, flush, and point the superblock at it. Unlike a clean
+    /// close's, it is kept across opens: [`Log::open`] after a crash restores the streams from
+    /// it, scans only what was written after it, and hands back `payload` with those
+    /// transactions ([`crate::Recovery::snapshot_is_checkpoint`]). The previous checkpoint
+    /// snapshot's segments are freed once the new superblock is durable. Nothing is
+    /// checkpointed: the log still holds everything, so a snapshot that fails its checks is
+    /// ignored and the log scanned.
+    ///
+    /// Returns `false` (nothing changed) when the snapshot does not fit the free segments, or
+    /// when a transaction was committed while it was being taken.
+    ///
+    /// # Errors
+    /// I/O errors; an earlier failure (fail-stop).
+    pub fn checkpoint_snapshot(&self, payload: &[u8]) -> Result<bool> {
+        self.sync()?;
+        let Some(segments) = self.write_snapshot(payload, true)? else { return Ok(false) };
+        let old = std::mem::replace(&mut *lock(&self.checkpoint_snapshot), segments);
+        let mut space = lock(&self.space);
+        for s in old {
+            space.release(s);
+        }
+        Ok(true)
+    }
+
+    /// Blocks placed in the streams since the checkpoint snapshot in force was written (or
+    /// since the open, which restored from it or scanned): what a crash now would replay.
+    #[must_use]
+    pub fn blocks_since_checkpoint_snapshot(&self) -> u64 {
+        self.placed_blocks.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The checkpoint snapshot in force: its segments, first first (empty without one).
+    #[must_use]
+    pub fn checkpoint_snapshot_segments(&self) -> Vec<u32> {
+        lock(&self.checkpoint_snapshot).clone()
+    }
+
+    /// Write a snapshot of the streams' state and `payload` to free segments, flush, and point
+    /// the superblock at it (`checkpoint`: as a checkpoint snapshot). Everything must be
+    /// durable (the caller synced). `None` when it does not fit, or (checkpoint) when a
+    /// transaction was committed since the sync.
+    fn write_snapshot(&self, payload: &[u8], checkpoint: bool) -> Result<Option<Vec<u32>>> {
+        let states = self.stream_states(checkpoint);
+        let Some(states) = states else {
+            tracing::debug!("a commit came during the checkpoint snapshot; not written");
+            return Ok(None);
+        };
+        let blob = encode_blob(&states, payload);
         let bs = u64::from(self.block_size);
         let seg_blocks = u64::from(self.segment_blocks);
         // The header block, then the blob.
         let blocks = widen(blob.len()).div_ceil(bs).saturating_add(1);
         let count = blocks.div_ceil(seg_blocks);
         if count > widen(SnapshotHeader::segment_count_max(self.block_size)) {
-            tracing::warn!(bytes = blob.len(), "snapshot too large; the next open scans");
-            return Ok(false);
+            tracing::warn!(bytes = blob.len(), "snapshot too large");
+            return Ok(None);
         }
         let mut segments = Vec::new();
         {
@@ -68,8 +121,11 @@ impl Log {
                 match space.alloc() {
                     Some(s) => segments.push(s),
                     None => {
-                        tracing::warn!("no free segments for the snapshot; the next open scans");
-                        return Ok(false);
+                        for &s in &segments {
+                            space.release(s);
+                        }
+                        tracing::warn!("no free segments for the snapshot");
+                        return Ok(None);
                     }
                 }
             }
@@ -77,7 +133,7 @@ impl Log {
         let mut sb_state = lock(&self.sb);
         let Some(sb_generation) = sb_state.sb.generation.checked_add(1) else {
             tracing::warn!("superblock generation exhausted; no snapshot");
-            return Ok(false);
+            return Ok(None);
         };
         let header = SnapshotHeader {
             sb_generation,
@@ -97,15 +153,21 @@ impl Log {
             .map(|(chunk, &s)| Write::new(self.segment_start(s), IoBuf::from_slice(chunk)))
             .collect();
         self.dev.write_sync(writes, WriteFlags::NONE).map_err(|e| self.fail(e))?;
+        // The snapshot durable before the superblock that points at it.
         self.dev.flush().map_err(|e| self.fail(e))?;
         let mut sb = sb_state.sb.clone();
         sb.snapshot = header.segments.first().copied();
+        sb.snapshot_generation = checkpoint.then_some(sb_generation);
         self.write_superblock(&mut sb_state, sb, true)?;
-        Ok(true)
+        if checkpoint {
+            self.placed_blocks.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(Some(header.segments))
     }
 
-    /// Every stream's position and placed transactions.
-    fn stream_states(&self) -> Vec<StreamState> {
+    /// Every stream's position and placed transactions; `None` when `all_durable` and a stream
+    /// holds a transaction that is not durable (committed after the caller's sync).
+    fn stream_states(&self, all_durable: bool) -> Option<Vec<StreamState>> {
         let placed = |p: &Placed| PlacedTx {
             seq: p.seq,
             epoch: p.epoch,
@@ -119,14 +181,17 @@ impl Log {
             .iter()
             .map(|st| {
                 let st = lock(st);
-                StreamState {
+                if all_durable && st.durable < st.last_seq {
+                    return None;
+                }
+                Some(StreamState {
                     last_seq: st.last_seq,
                     segment: st.segment,
                     offset: st.offset,
                     next_segment: st.next_segment,
                     chain: st.chain.iter().copied().collect(),
                     placed: st.placed.iter().map(placed).collect(),
-                }
+                })
             })
             .collect()
     }
@@ -187,7 +252,11 @@ impl Restored {
 
 /// A snapshot that passed every check.
 pub(crate) struct Found {
-    pub streams: Vec<Restored>,
+    /// Per stream; `None` for a stream whose checkpoint has passed the checkpoint snapshot's
+    /// position (its chain is scanned from the checkpoint, as without a snapshot).
+    pub streams: Vec<Option<Restored>>,
+    /// The snapshot's own segments.
+    pub segments: Vec<u32>,
     pub payload: Vec<u8>,
     /// Blocks read.
     pub blocks: u64,
@@ -228,7 +297,10 @@ fn load(
     let mut block = vec![0u8; bs];
     dev.read(header_at, &mut block)?;
     let header = SnapshotHeader::decode(&sb.uuid, &block, header_at, sb.segment_count)?;
-    if check_generation && header.sb_generation != sb.generation {
+    // A clean close's snapshot belongs to the superblock that points at it; a checkpoint
+    // snapshot to the one that first did (the superblock records its generation).
+    let expected = sb.snapshot_generation.unwrap_or(sb.generation);
+    if check_generation && header.sb_generation != expected {
         return Err(bad("written for another superblock generation".into()));
     }
     if header.segments.first() != Some(&first) {
@@ -266,18 +338,50 @@ fn load(
     if crc_seeded(&sb.uuid, &[blob]) != header.payload_crc {
         return Err(bad("payload checksum".into()));
     }
-    let (states, payload) = decode_blob(blob, sb.streams.len(), header_at)?;
-    check_streams(&states, sb, &header.segments).map_err(bad)?;
+    let (mut states, payload) = decode_blob(blob, sb.streams.len(), header_at)?;
+    let keep = if sb.snapshot_generation.is_some() {
+        trim_to_checkpoints(&mut states, sb).map_err(bad)?
+    } else {
+        vec![true; states.len()]
+    };
+    check_streams(&states, &keep, sb, &header.segments).map_err(bad)?;
     // The payload is the blob's tail: keep it in place rather than copy it.
     let payload_start = blob_end.saturating_sub(payload.len());
     bytes.truncate(blob_end);
     bytes.drain(..payload_start);
-    Ok(Found { streams: states.into_iter().map(Restored::new).collect(), payload: bytes, blocks })
+    let streams = states.into_iter().zip(keep).map(|(st, k)| k.then(|| Restored::new(st)));
+    Ok(Found { streams: streams.collect(), segments: header.segments, payload: bytes, blocks })
+}
+
+/// A checkpoint snapshot's streams against checkpoints made after it (cleaning goes on while
+/// the log is open): each chain loses the segments before its stream's checkpoint segment and
+/// the placed transactions the checkpoint covers. Says per stream whether anything of the
+/// snapshot's is left; a stream whose checkpoint reached the snapshot's position is scanned
+/// from its checkpoint. A checkpoint segment the chain does not hold is refused.
+fn trim_to_checkpoints(states: &mut [StreamState], sb: &Superblock) -> Result<Vec<bool>, String> {
+    if states.len() != sb.streams.len() {
+        return Err(format!("{} streams, the superblock has {}", states.len(), sb.streams.len()));
+    }
+    let mut keep = Vec::with_capacity(states.len());
+    for (s, (st, root)) in states.iter_mut().zip(&sb.streams).enumerate() {
+        if st.last_seq <= root.checkpoint_seq {
+            keep.push(false);
+            continue;
+        }
+        let Some(i) = st.chain.iter().position(|&seg| seg == root.checkpoint_segment) else {
+            return Err(format!("stream {s}: its checkpoint is outside the snapshot's chain"));
+        };
+        st.chain.drain(..i);
+        st.placed.retain(|p| p.seq > root.checkpoint_seq);
+        keep.push(true);
+    }
+    Ok(keep)
 }
 
 /// Whether the streams' state agrees with the superblock and with itself (module docs).
 fn check_streams(
     states: &[StreamState],
+    keep: &[bool],
     sb: &Superblock,
     snapshot_segments: &[u32],
 ) -> Result<(), String> {
@@ -288,8 +392,11 @@ fn check_streams(
     for &s in snapshot_segments {
         claims.claim(s, Owner::Snapshot)?;
     }
-    for (s, (st, root)) in states.iter().zip(&sb.streams).enumerate() {
+    for (s, ((st, root), &k)) in states.iter().zip(&sb.streams).zip(keep).enumerate() {
         let s = u16::try_from(s).map_err(|_| "stream number".to_string())?;
+        if !k {
+            continue;
+        }
         for &seg in &st.chain {
             claims.claim(seg, Owner::Chain(s))?;
         }

@@ -50,6 +50,7 @@ fn format_doc_matches_the_code() {
             ("crc", sb::CRC, 4),
             ("flags", sb::FLAGS, 4),
             ("snapshot_segment", sb::SNAPSHOT_SEGMENT, 4),
+            ("snapshot_generation", sb::SNAPSHOT_GENERATION, 8),
             ("reserved", sb::RESERVED, superblock::SB_STREAMS_OFFSET - sb::RESERVED),
         ],
     );

@@ -87,7 +87,15 @@ pub struct MountOptions {
     /// size, after the commit interval; see [`tally_log::WriteBehind`]). `None` (the default)
     /// submits each change as it commits.
     pub write_behind: Option<tally_log::WriteBehind>,
+    /// Bytes of log a crash may have to replay: once this much has been written since the
+    /// last checkpoint snapshot, the next operation (or maintenance) writes a new one
+    /// ([`Fs::checkpoint`]). `None`: [`REPLAY_BUDGET_DEFAULT`]; `Some(0)`: never.
+    pub replay_budget: Option<u64>,
 }
+
+/// Default replay budget: 64 MiB of log, which a memory device scans in a few milliseconds
+/// and an SSD in well under a second.
+pub const REPLAY_BUDGET_DEFAULT: u64 = 64 << 20;
 
 /// Data bytes held in memory until durable before the file system makes them durable itself.
 pub(crate) const CACHE_LIMIT: usize = 64 << 20;
@@ -141,13 +149,18 @@ pub struct Fs {
     /// `State::dead_blocks` when a pass of cleaning before an operation last left space low:
     /// until more dies, another pass would only move live data around (`u64::MAX`: none yet).
     futile_clean_at: std::sync::atomic::AtomicU64,
+    /// The replay budget in blocks (`u64::MAX`: no online checkpoints).
+    replay_budget_blocks: u64,
 }
 
 /// How a mount went.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct MountReport {
-    /// The state came from a clean-unmount snapshot (no scan, no replay).
+    /// The state came from a snapshot: a clean unmount's (no scan, no replay), or a checkpoint
+    /// snapshot's, with what followed it replayed.
     pub from_snapshot: bool,
+    /// The snapshot was a checkpoint snapshot ([`Fs::checkpoint`]).
+    pub from_checkpoint: bool,
     /// Blocks read from the device: the snapshot's, or the scan's.
     pub blocks_read: u64,
     /// Log transactions whose records were replayed (0 from a snapshot).
@@ -241,9 +254,15 @@ impl Fs {
         let (mut log, mut recovery) = Log::open(dev.clone(), log_opts)?;
         let mut report = MountReport::default();
         let mut from_snapshot = None;
+        let mut base = None;
         if let Some(payload) = recovery.snapshot.take() {
             match crate::snapshot::decode(&payload) {
+                Ok(st) if recovery.snapshot_is_checkpoint => base = Some(st),
                 Ok(st) => from_snapshot = Some(st),
+                Err(e) if recovery.snapshot_is_checkpoint => {
+                    // The log vouched for its bytes: the state cannot be rebuilt without it.
+                    return Err(FsError::Corrupted(format!("checkpoint snapshot: {e}")));
+                }
                 Err(e) => {
                     // The log still holds everything the snapshot described: scan it.
                     tracing::warn!("clean-unmount snapshot unusable ({e}); scanning the log");
@@ -254,15 +273,23 @@ impl Fs {
         }
         report.blocks_read = recovery.blocks_scanned;
         report.damage = std::mem::take(&mut recovery.damage);
-        let mut st = match from_snapshot {
-            Some(st) => {
+        let ignore_versions = opts.mutant == Some(FsMutant::ReplayInLogOrder);
+        let mut st = match (from_snapshot, base) {
+            (Some(st), _) => {
                 report.from_snapshot = true;
                 st
             }
-            None => {
+            (None, Some(mut st)) => {
+                report.from_snapshot = true;
+                report.from_checkpoint = true;
+                st.checkpoint_ver = Some(st.next_ver);
                 let streams: Vec<_> = recovery.streams.into_iter().map(|s| s.txs).collect();
                 report.transactions_replayed = streams.iter().map(|s| s.len() as u64).sum();
-                let ignore_versions = opts.mutant == Some(FsMutant::ReplayInLogOrder);
+                State::replay_onto(st, &streams, ignore_versions)?
+            }
+            (None, None) => {
+                let streams: Vec<_> = recovery.streams.into_iter().map(|s| s.txs).collect();
+                report.transactions_replayed = streams.iter().map(|s| s.len() as u64).sum();
                 State::replay(&streams, ignore_versions)?
             }
         };
@@ -294,6 +321,10 @@ impl Fs {
             report,
             txn_wait_max_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
             futile_clean_at: std::sync::atomic::AtomicU64::new(u64::MAX),
+            replay_budget_blocks: match opts.replay_budget.unwrap_or(REPLAY_BUDGET_DEFAULT) {
+                0 => u64::MAX,
+                bytes => bytes.div_ceil(u64::from(bs)).max(1),
+            },
         };
         // Files that were open when their last link went, and then the crash (or an unmount
         // with handles still open): nobody can reach them any more.
@@ -303,7 +334,66 @@ impl Fs {
         }
         fs.report.inodes = lock(&fs.state)?.inodes.len() as u64;
         fs.report.time = started.elapsed();
+        // A long history behind this mount (a scan, or a clean unmount's snapshot over a long
+        // log): checkpoint now, so the next crash replays only what follows.
+        fs.checkpoint_if_due()?;
         Ok(fs)
+    }
+
+    /// Write a checkpoint snapshot of the state: after a crash, mount loads it and replays
+    /// only what was committed after it (`docs/FS.md`, "Checkpoints"). Returns whether it was
+    /// written: not while explicit transactions are open (their changes are in the state but
+    /// not in the log), nor when it does not fit the free segments.
+    ///
+    /// # Errors
+    /// I/O errors; read-only after an earlier error.
+    pub fn checkpoint(&self) -> Result<bool> {
+        let mut st = lock(&self.state)?;
+        self.checkpoint_locked(&mut st)
+    }
+
+    fn checkpoint_locked(&self, st: &mut State) -> Result<bool> {
+        if let Some(e) = &st.failed {
+            return Err(FsError::ReadOnly(e.clone()));
+        }
+        if !st.txns.open.is_empty() {
+            return Ok(false);
+        }
+        // Everything the state holds is committed (no transaction is open, and operations
+        // commit under this lock): once durable, the state is exactly what the log holds.
+        self.log.sync().map_err(|e| self.fail(e))?;
+        self.prune_cache(st);
+        let payload = crate::snapshot::encode(st);
+        let written = self.log.checkpoint_snapshot(&payload).map_err(|e| self.fail(e))?;
+        if written {
+            st.checkpoint_ver = Some(st.next_ver);
+        }
+        Ok(written)
+    }
+
+    /// Checkpoint when more than the replay budget was written since the last checkpoint.
+    pub(crate) fn checkpoint_if_due(&self) -> Result<()> {
+        if self.log.blocks_since_checkpoint_snapshot() < self.replay_budget_blocks {
+            return Ok(());
+        }
+        let mut st = lock(&self.state)?;
+        self.checkpoint_due_locked(&mut st)
+    }
+
+    pub(crate) fn checkpoint_due_locked(&self, st: &mut State) -> Result<()> {
+        if self.log.blocks_since_checkpoint_snapshot() >= self.replay_budget_blocks
+            && st.txns.open.is_empty()
+            && !self.checkpoint_locked(st)?
+        {
+            tracing::debug!("checkpoint due but not written (no room)");
+        }
+        Ok(())
+    }
+
+    /// The replay budget in blocks (`None`: online checkpoints off).
+    #[must_use]
+    pub fn replay_budget_blocks(&self) -> Option<u64> {
+        (self.replay_budget_blocks != u64::MAX).then_some(self.replay_budget_blocks)
     }
 
     /// How the mount went (snapshot or scan, blocks read, time).
@@ -414,6 +504,15 @@ impl Fs {
                         Some(id) => cx.into_txn(&mut st, id, stream),
                         None => {
                             self.commit_op(&mut st, cx, stream)?;
+                            if self.log.blocks_since_checkpoint_snapshot()
+                                >= self.replay_budget_blocks
+                            {
+                                // The operation is committed whatever happens here; a failed
+                                // write has made the file system read-only (fail-stop).
+                                if let Err(e) = self.checkpoint_due_locked(&mut st) {
+                                    tracing::warn!("checkpoint after an operation: {e}");
+                                }
+                            }
                         }
                     }
                     return Ok(v);

@@ -35,11 +35,13 @@ pub mod off {
     pub const SEGMENT_COUNT: usize = 52;
     pub const FIRST_SEGMENT_BLOCK: usize = 56;
     pub const CRC: usize = 64;
-    /// Bit 0: a clean-close snapshot starts at `SNAPSHOT_SEGMENT`.
+    /// Bit 0: a snapshot starts at `SNAPSHOT_SEGMENT`; bit 1: it is a checkpoint snapshot.
     pub const FLAGS: usize = 68;
     pub const SNAPSHOT_SEGMENT: usize = 72;
+    /// Generation in a checkpoint snapshot's header (zero without one).
+    pub const SNAPSHOT_GENERATION: usize = 76;
     /// Reserved, zero, up to the stream entries.
-    pub const RESERVED: usize = 76;
+    pub const RESERVED: usize = 84;
 }
 /// Offsets inside a per-stream entry.
 pub mod stream_off {
@@ -71,6 +73,7 @@ const _: () = assert!(tiles(
         (off::CRC, 4),
         (off::FLAGS, 4),
         (off::SNAPSHOT_SEGMENT, 4),
+        (off::SNAPSHOT_GENERATION, 8),
         (off::RESERVED, SB_STREAMS_OFFSET - off::RESERVED),
     ],
     SB_STREAMS_OFFSET
@@ -143,10 +146,16 @@ pub struct Superblock {
     /// First segment of the snapshot written by a clean close, if the log was closed cleanly
     /// and not opened since.
     pub snapshot: Option<u32>,
+    /// When the snapshot is a *checkpoint snapshot* (written online by
+    /// [`crate::Log::checkpoint_snapshot`], kept across opens, the log after it scanned): the
+    /// generation its header carries (that of the superblock which first pointed at it).
+    pub snapshot_generation: Option<u64>,
 }
 
 /// `flags` bit: a snapshot is present.
 pub const SB_FLAG_SNAPSHOT: u32 = 1;
+/// `flags` bit, with bit 0: the snapshot is a checkpoint snapshot.
+pub const SB_FLAG_CHECKPOINT_SNAPSHOT: u32 = 2;
 
 impl Superblock {
     /// Most streams a superblock of `block_size` bytes can describe.
@@ -181,7 +190,13 @@ impl Superblock {
         w.u32(off::SEGMENT_COUNT, self.segment_count);
         w.u64(off::FIRST_SEGMENT_BLOCK, self.first_segment_block);
         if let Some(seg) = self.snapshot {
-            w.u32(off::FLAGS, SB_FLAG_SNAPSHOT);
+            match self.snapshot_generation {
+                Some(g) => {
+                    w.u32(off::FLAGS, SB_FLAG_SNAPSHOT | SB_FLAG_CHECKPOINT_SNAPSHOT);
+                    w.u64(off::SNAPSHOT_GENERATION, g);
+                }
+                None => w.u32(off::FLAGS, SB_FLAG_SNAPSHOT),
+            }
             w.u32(off::SNAPSHOT_SEGMENT, seg);
         }
         for (i, s) in self.streams.iter().enumerate() {
@@ -267,13 +282,23 @@ impl Superblock {
         }
         let flags = field32(r.u32(off::FLAGS))?;
         let snapshot_segment = field32(r.u32(off::SNAPSHOT_SEGMENT))?;
-        let snapshot = match flags {
-            0 if snapshot_segment == 0 => None,
-            SB_FLAG_SNAPSHOT => Some(snapshot_segment),
-            _ => return Err(bad(format!("unknown flags {flags:#x}"))),
+        let snapshot_generation_field = field(r.u64(off::SNAPSHOT_GENERATION))?;
+        let (snapshot, snapshot_generation) = match flags {
+            0 if snapshot_segment == 0 && snapshot_generation_field == 0 => (None, None),
+            SB_FLAG_SNAPSHOT if snapshot_generation_field == 0 => (Some(snapshot_segment), None),
+            f if f == SB_FLAG_SNAPSHOT | SB_FLAG_CHECKPOINT_SNAPSHOT => {
+                (Some(snapshot_segment), Some(snapshot_generation_field))
+            }
+            _ => {
+                return Err(bad(format!(
+                    "flags {flags:#x} with snapshot segment {snapshot_segment} and generation \
+                     {snapshot_generation_field}"
+                )))
+            }
         };
         let sb = Superblock {
             snapshot,
+            snapshot_generation,
             generation: field(r.u64(off::GENERATION))?,
             uuid,
             block_size,
@@ -448,6 +473,7 @@ mod tests {
                 StreamRoot { checkpoint_segment: 4, checkpoint_next_segment: 2, ..root },
             ],
             snapshot: Some(3),
+            snapshot_generation: None,
         }
     }
 
@@ -455,6 +481,24 @@ mod tests {
     fn round_trip() {
         let sb = sample();
         assert_eq!(Superblock::decode(&sb.encode(), 0).unwrap(), sb);
+        let checkpoint = Superblock { snapshot_generation: Some(5), ..sample() };
+        assert_eq!(Superblock::decode(&checkpoint.encode(), 0).unwrap(), checkpoint);
+        let none = Superblock { snapshot: None, ..sample() };
+        assert_eq!(Superblock::decode(&none.encode(), 0).unwrap(), none);
+    }
+
+    /// A checkpoint snapshot's generation without its flag, or the flag without a snapshot
+    /// segment's flag, is refused.
+    #[test]
+    fn snapshot_flags_are_checked() {
+        let bytes = Superblock { snapshot_generation: Some(5), ..sample() }.encode();
+        for flags in [0u32, SB_FLAG_SNAPSHOT, SB_FLAG_CHECKPOINT_SNAPSHOT, 4] {
+            let mut b = bytes.clone();
+            b[off::FLAGS..off::FLAGS + 4].copy_from_slice(&flags.to_le_bytes());
+            let crc = sb_crc(&[9; 16], &b);
+            b[off::CRC..off::CRC + 4].copy_from_slice(&crc.to_le_bytes());
+            assert!(Superblock::decode(&b, 0).is_err(), "flags {flags:#x} accepted");
+        }
     }
 
     #[test]
