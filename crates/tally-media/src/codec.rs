@@ -66,17 +66,26 @@ impl<'a> Reader<'a> {
     /// Whether `bytes[off..off+len]` exist and are all zero.
     #[must_use]
     pub fn zeros(&self, off: usize, len: usize) -> bool {
-        off.checked_add(len)
-            .and_then(|end| self.bytes.get(off..end))
-            .is_some_and(|s| s.iter().all(|&b| b == 0))
+        off.checked_add(len).and_then(|end| self.bytes.get(off..end)).is_some_and(all_zero)
     }
 
     /// Whether every byte from `off` to the end exists and is zero (`true` when `off` is the
     /// end).
     #[must_use]
     pub fn zeros_from(&self, off: usize) -> bool {
-        self.bytes.get(off..).is_some_and(|s| s.iter().all(|&b| b == 0))
+        self.bytes.get(off..).is_some_and(all_zero)
     }
+}
+
+/// Whether every byte of `s` is zero. A log unit's tail after its payload is checked this way
+/// on every scan (recovery, cleaning, liveness), most of a block each time: the bytes are
+/// OR-ed 64 at a time, which the compiler turns into vector instructions, where `all` on bytes
+/// stops to branch on each (it was a fifth of the daemon's CPU while cleaning).
+fn all_zero(s: &[u8]) -> bool {
+    let chunks = s.chunks_exact(64);
+    let rest = chunks.remainder();
+    chunks.into_iter().all(|c| c.iter().fold(0u8, |acc, &b| acc | b) == 0)
+        && rest.iter().all(|&b| b == 0)
 }
 
 /// Writes little-endian fields at explicit offsets into a buffer the caller sized.
@@ -375,6 +384,23 @@ pub const fn tiles(fields: &[(usize, usize)], size: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zeros_finds_a_nonzero_byte_anywhere() {
+        let block = vec![0u8; 4096 + 13];
+        for off in [0, 1, 63, 64, 100, 4095, 4096, 4108] {
+            assert!(Reader::new(&block).zeros_from(off));
+            for bad in [off, off + 1, off + 64, 4096 + 12] {
+                let mut b = block.clone();
+                b[bad.min(4096 + 12)] = 0x80;
+                let r = Reader::new(&b);
+                assert!(!r.zeros_from(off.min(bad)), "byte {bad} from {off}");
+                assert!(!r.zeros(off.min(bad), b.len() - off.min(bad)));
+            }
+        }
+        assert!(Reader::new(&block).zeros_from(block.len()), "nothing left is all zeros");
+        assert!(!Reader::new(&block).zeros_from(block.len() + 1), "past the end");
+    }
 
     #[test]
     fn cursor_reads_in_order_and_never_past_the_end() {
