@@ -54,6 +54,12 @@ pub struct MountConfig {
     /// ([`MountConfig::write_behind`]); it does not make changes durable (`fsync`, `sync`
     /// and the maintenance round do).
     pub commit_interval: Duration,
+    /// The kernel's read-ahead for the mount, in KiB (`-o read_ahead_kb=N`; 0 leaves the
+    /// kernel's default, 128). Set through the mount's `/sys/class/bdi/MAJ:MIN/read_ahead_kb`
+    /// once the kernel has taken the daemon's `INIT` reply: a FUSE `INIT` can only lower it.
+    /// Large, so a sequential read reaches the daemon in requests of `max_pages` (1 MiB) and
+    /// the daemon reads the device in runs as large (`tally_fs::Fs::read`).
+    pub read_ahead_kb: u32,
     /// Source shown in `/proc/mounts` (the image path).
     pub fsname: String,
     /// Other kernel mount options (`noatime`, `nodev`, …), as [`parse_options`] accepted them.
@@ -72,6 +78,7 @@ impl Default for MountConfig {
             mutant: None,
             maintenance_interval: Duration::from_secs(5),
             commit_interval: tally_log::WriteBehind::INTERVAL_DEFAULT,
+            read_ahead_kb: READ_AHEAD_KB_DEFAULT,
             fsname: "tally".into(),
             options: Vec::new(),
         }
@@ -92,6 +99,10 @@ impl MountConfig {
 /// day, as virtiofsd's `cache=always` (the cache is never wrong for longer than a change it
 /// was not told about, and there is none).
 pub const CACHE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(86_400);
+
+/// Read-ahead unless told otherwise (`-o read_ahead_kb=N`): 1 MiB, the largest request
+/// `fs.fuse.max_pages_limit` lets the kernel send by default, so one read-ahead is one request.
+pub const READ_AHEAD_KB_DEFAULT: u32 = 1024;
 
 /// The longest timeout `-o attr_timeout=` and its kin accept (a year): the kernel counts in
 /// jiffies, and nothing is gained beyond.
@@ -129,6 +140,15 @@ pub fn parse_options(list: &str, cfg: &mut MountConfig) -> Result<(), String> {
                 })?;
                 cfg.commit_interval = Duration::from_millis(ms);
             }
+            o if o.starts_with("read_ahead_kb=") => {
+                cfg.read_ahead_kb = o["read_ahead_kb=".len()..]
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&kb| kb <= 1 << 20)
+                    .ok_or_else(|| {
+                        format!("{o:?}: read_ahead_kb takes KiB up to 1048576, e.g. 1024 (0: the kernel's)")
+                    })?;
+            }
             o if o.starts_with("attr_timeout=") => cfg.attr_timeout = timeout(o)?,
             o if o.starts_with("entry_timeout=") => cfg.entry_timeout = timeout(o)?,
             o if o.starts_with("negative_timeout=") => cfg.negative_timeout = timeout(o)?,
@@ -136,7 +156,7 @@ pub fn parse_options(list: &str, cfg: &mut MountConfig) -> Result<(), String> {
             o => {
                 return Err(format!(
                     "unknown mount option {o:?} (known: default_permissions, allow_other, \
-                     txn_wait_ms=N, commit_ms=N, attr_timeout=S, entry_timeout=S, negative_timeout=S, {})",
+                     txn_wait_ms=N, commit_ms=N, read_ahead_kb=N, attr_timeout=S, entry_timeout=S, negative_timeout=S, {})",
                     PASSED_THROUGH.join(", ")
                 ))
             }
@@ -183,6 +203,8 @@ pub struct Mounted {
     requests: Arc<RequestCounts>,
     /// The image's device, for its counters (device submissions per request).
     device: Arc<dyn tally_media::Device>,
+    /// [`MountConfig::read_ahead_kb`], set once [`Mounted::run`] serves.
+    read_ahead_kb: u32,
 }
 
 /// Mount `fs` on `dir`. The kernel sees the mount when this returns; requests wait until
@@ -221,7 +243,14 @@ pub fn mount(fs: Fs, dir: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
     let session = fuser::Session::new(adapter, dir, &config)?;
     // Set before any request is served (run() has not started): aborts can invalidate.
     let _ = notifier.set(session.notifier());
-    Ok(Mounted { session, outcome, dir: dir.to_path_buf(), requests, device })
+    Ok(Mounted {
+        session,
+        outcome,
+        dir: dir.to_path_buf(),
+        requests,
+        device,
+        read_ahead_kb: cfg.read_ahead_kb,
+    })
 }
 
 impl Mounted {
@@ -275,10 +304,37 @@ impl Mounted {
     /// The session failed (the file system is unmounted all the same; see its outcome in the
     /// log).
     pub fn run(self) -> io::Result<Unmounted> {
-        let Mounted { session, outcome, .. } = self;
+        let Mounted { session, outcome, dir, read_ahead_kb, .. } = self;
+        if read_ahead_kb > 0 {
+            set_read_ahead_later(dir, read_ahead_kb);
+        }
         session.run()?;
         let taken = outcome.lock().unwrap_or_else(PoisonError::into_inner).take();
         Ok(taken.unwrap_or(Unmounted::WithoutSnapshot("destroy did not run".into())))
+    }
+}
+
+/// Set the mount's read-ahead to `kb` KiB from a thread, once the kernel has initialised the
+/// connection: the thread's `stat` of the mount's root waits for that (the kernel holds
+/// requests until `INIT` is answered), and gives the device number that names the mount's
+/// backing device info in sysfs. The `INIT` exchange itself only lowers read-ahead, so it is
+/// raised after. Failing (not root, no sysfs) leaves the kernel's and says so.
+fn set_read_ahead_later(dir: PathBuf, kb: u32) {
+    let spawned = std::thread::Builder::new().name("tally-readahead".into()).spawn(move || {
+        use std::os::unix::fs::MetadataExt;
+        let dev = match std::fs::metadata(&dir) {
+            Ok(m) => m.dev(),
+            Err(e) => return tracing::info!("read-ahead left as it is: stat of the mount: {e}"),
+        };
+        let path =
+            format!("/sys/class/bdi/{}:{}/read_ahead_kb", libc::major(dev), libc::minor(dev));
+        match std::fs::write(&path, format!("{kb}\n")) {
+            Ok(()) => tracing::info!("read-ahead {kb} KiB ({path})"),
+            Err(e) => tracing::info!("read-ahead left as it is: {path}: {e}"),
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!("read-ahead left as it is: {e}");
     }
 }
 
@@ -371,6 +427,13 @@ mod tests {
         assert!(cfg.allow_other);
         assert_eq!(cfg.txn_wait, Duration::from_millis(7));
         assert!(parse_options("txn_wait_ms=soon", &mut cfg).is_err());
+        parse_options("read_ahead_kb=4096", &mut cfg).unwrap();
+        assert_eq!(cfg.read_ahead_kb, 4096);
+        parse_options("read_ahead_kb=0", &mut cfg).unwrap();
+        assert_eq!(cfg.read_ahead_kb, 0);
+        assert!(parse_options("read_ahead_kb=2000000", &mut cfg).is_err());
+        assert!(parse_options("read_ahead_kb=1M", &mut cfg).is_err());
+        assert_eq!(MountConfig::default().read_ahead_kb, READ_AHEAD_KB_DEFAULT);
         parse_options("commit_ms=250", &mut cfg).unwrap();
         assert_eq!(cfg.write_behind().and_then(|w| w.interval), Some(Duration::from_millis(250)));
         parse_options("commit_ms=0", &mut cfg).unwrap();

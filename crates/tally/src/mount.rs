@@ -37,6 +37,8 @@ Mount options (-o, comma-separated, repeatable):
   commit_ms=N           milliseconds a change may wait in memory before it is written to the
                         device (5000, as ext4's commit=5); fsync, sync and a full buffer
                         write sooner; 0 writes each change at once
+  read_ahead_kb=N       the kernel's read-ahead for the mount, KiB (1024: one 1 MiB request;
+                        0: the kernel's 128), set through sysfs (needs root)
   attr_timeout=S        seconds the kernel may cache attributes (default 86400: every change
                         goes through the mount, and the kernel is told what an abort undoes)
   entry_timeout=S       seconds the kernel may cache names (86400)
