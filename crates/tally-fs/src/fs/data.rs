@@ -288,16 +288,18 @@ impl Fs {
         for b in offset / bs..=(end - 1) / bs {
             let (bstart, bend) = (b * bs, (b + 1) * bs);
             let (from, to) = (offset.max(bstart), end.min(bend));
-            let mut bytes = if from == bstart && to == bend {
-                vec![0u8; bs as usize]
+            let part = &data[(from - offset) as usize..(to - offset) as usize];
+            let bytes = if from == bstart && to == bend {
+                // A whole block: copied once, never zeroed first.
+                part.to_vec()
             } else {
-                match st.inode(ino)?.blocks.get(&b).cloned() {
+                let mut bytes = match st.inode(ino)?.blocks.get(&b).cloned() {
                     Some(block) => self.block_bytes(ino, b, &block)?.as_ref().clone(),
                     None => vec![0u8; bs as usize],
-                }
+                };
+                bytes[(from - bstart) as usize..(to - bstart) as usize].copy_from_slice(part);
+                bytes
             };
-            bytes[(from - bstart) as usize..(to - bstart) as usize]
-                .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
             cx.block(st, ino, b);
             Self::put_block(st, ino, b, bytes)?;
         }
