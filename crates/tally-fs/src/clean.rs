@@ -20,6 +20,7 @@ use crate::fs::lock;
 use crate::mutant::FsMutant;
 use crate::record::{Record, DATA_HOLE};
 use crate::state::{Key, State};
+use crate::sync::MutexGuard;
 use crate::{Fs, FsError, Result};
 
 /// What [`Fs::clean`] did.
@@ -392,34 +393,50 @@ impl Fs {
             report.synced = true;
         }
         let total = self.log.device().geometry().block_count / u64::from(self.segment_blocks);
-        let mut st = lock(&self.state)?;
+        // The state lock is taken for one segment at a time and given up between segments (as
+        // many calls of `Fs::clean` would): a round may clean hundreds of segments after a
+        // burst of overwrites (each read, checked and its live part moved), and operations
+        // waiting for the lock meanwhile would stall for all of it (seconds, under SQLite).
+        // Given up for a while, not just unlocked: the lock is not fair, and this thread would
+        // take it again before a waiter woke. A fifth of the round goes to waiting operations.
+        let mut held = std::time::Duration::ZERO;
+        let step = |held: &mut std::time::Duration| -> Result<MutexGuard<'_, State>> {
+            std::thread::sleep(*held / 4 + std::time::Duration::from_micros(100));
+            *held = std::time::Duration::ZERO;
+            lock(&self.state)
+        };
         // Thorough cleaning: a stream's oldest segment less than half live is worth moving.
-        if st.txns.open.is_empty() {
-            for stream in 0..self.streams {
-                for _ in 0..total {
-                    if !self.oldest_mostly_dead(&mut st, stream)? {
-                        break;
+        for stream in 0..self.streams {
+            for _ in 0..total {
+                let mut st = step(&mut held)?;
+                let taken = std::time::Instant::now();
+                if !st.txns.open.is_empty() || !self.oldest_mostly_dead(&mut st, stream)? {
+                    break;
+                }
+                let before = self.log.free_segments();
+                let cleaned = self.clean_locked(&mut st, stream, 1);
+                held = taken.elapsed();
+                match cleaned {
+                    Ok(_) => {
+                        report.mostly_dead_cleaned += 1;
+                        report.segments_freed += self.log.free_segments().saturating_sub(before);
                     }
-                    let before = self.log.free_segments();
-                    match self.clean_locked(&mut st, stream, 1) {
-                        Ok(_) => {
-                            report.mostly_dead_cleaned += 1;
-                            report.segments_freed +=
-                                self.log.free_segments().saturating_sub(before);
-                        }
-                        Err(FsError::NoSpace) => break,
-                        Err(e) => return Err(e),
-                    }
+                    Err(FsError::NoSpace) => break,
+                    Err(e) => return Err(e),
                 }
             }
         }
         for _ in 0..total {
+            let mut st = step(&mut held)?;
+            let taken = std::time::Instant::now();
             let free = u64::from(self.log.free_segments());
             if free * 100 >= total * CLEAN_BELOW_FREE_PERCENT {
                 break;
             }
             let before = self.log.free_segments();
-            match self.clean_some(&mut st, MAINTAIN_MAX_LIVE_PERCENT) {
+            let cleaned = self.clean_some(&mut st, MAINTAIN_MAX_LIVE_PERCENT);
+            held = taken.elapsed();
+            match cleaned {
                 Ok(true) => {
                     report.segments_freed += self.log.free_segments().saturating_sub(before)
                 }
@@ -427,6 +444,7 @@ impl Fs {
                 Err(e) => return Err(e),
             }
         }
+        let mut st = lock(&self.state)?;
         // Explicit transactions' commits, and anything else past the replay budget.
         self.checkpoint_due_locked(&mut st)?;
         Ok(report)
