@@ -46,6 +46,8 @@ use crate::requests::{Opcode, RequestCounts};
 use crate::session::MountConfig;
 use crate::txns::{End, FuseMutant, Txns};
 
+mod f2fs;
+
 /// How the last unmount of the file system went.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -72,9 +74,10 @@ const FALLOC_ZERO_RANGE: i32 = 0x10;
 
 /// How regular files are opened: `close` sends no `FLUSH` (there is nothing to flush: every
 /// write is a transaction when it returns, and a transaction an open file owns ends at
-/// `RELEASE`, which the kernel still sends), and their pages stay cached from one open to the
-/// next (the kernel sees every change to them, and an abort drops them itself) — unless the
-/// file is [`TallyFuse::patchy`].
+/// `RELEASE`, which the kernel still sends) — except for a file open for writing, which may
+/// own an atomic write ([`TallyFuse::file_open_flags`]) — and their pages stay cached from one
+/// open to the next (the kernel sees every change to them, and an abort drops them itself) —
+/// unless the file is [`TallyFuse::patchy`].
 const FILE_OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE.union(FopenFlags::FOPEN_NOFLUSH);
 
 /// How directories are opened: the kernel may keep their listings (dropped when the
@@ -179,9 +182,47 @@ impl TallyFuse {
         self.patchy.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A new file handle.
-    fn fh(&self) -> FileHandle {
-        FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed))
+    /// A new file handle; its low bit says whether it was opened for writing.
+    fn fh(&self, writable: bool) -> FileHandle {
+        FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed) << 1 | u64::from(writable))
+    }
+
+    /// Whether handle `fh` was opened for writing.
+    fn writable(fh: FileHandle) -> bool {
+        fh.0 & 1 == 1
+    }
+
+    /// How a regular file opened with `flags` is opened: one open for writing gets `FLUSH` at
+    /// close, where an atomic write it owns is aborted if its process is dying, before the
+    /// kernel drops the process's POSIX locks (`txns.rs`).
+    fn file_open_flags(flags: i32) -> (bool, FopenFlags) {
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let mut open = FILE_OPEN_FLAGS;
+        if writable {
+            open.remove(FopenFlags::FOPEN_NOFLUSH);
+        }
+        (writable, open)
+    }
+
+    /// [`TallyFuse::change`] for a request through handle `fh`: into the atomic write `fh`
+    /// owns if any, else as `change` routes it.
+    fn change_through<T>(
+        &self,
+        req: &Request,
+        fh: Option<FileHandle>,
+        op: &'static str,
+        inodes: &[u64],
+        f: impl FnOnce(&Fs, Option<&Txn>) -> Result<T, Failure>,
+    ) -> Result<T, Errno> {
+        let Some(bound) = fh.and_then(|fh| self.txns.route_handle(fh.0)) else {
+            return self.change(req, op, inodes, &[], f);
+        };
+        let guard = bound.read();
+        let txn = guard.as_ref();
+        if txn.is_some() {
+            bound.touch(inodes, &[]);
+        }
+        self.call(op, |fs| f(fs, txn))
     }
 
     /// A handle is closed for good: abort the transaction it owns, if any.
@@ -215,7 +256,7 @@ impl TallyFuse {
                     ) => tracing::error!(op, "{e}"),
                     Failure::Fs(e) => tracing::debug!(op, "{e}"),
                     Failure::Unsupported(what) => tracing::debug!(op, "not supported: {what}"),
-                    Failure::Stopped => {}
+                    Failure::Stopped | Failure::NotWritable | Failure::NotOwner => {}
                 }
                 Err(errno(&failure))
             }
@@ -412,7 +453,7 @@ impl Filesystem for TallyFuse {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
@@ -429,7 +470,7 @@ impl Filesystem for TallyFuse {
             mtime: mtime.map(set_time),
             ctime: ctime.map(timespec),
         };
-        let r = self.change(req, "setattr", &[ino.0], &[], |fs, tx| {
+        let r = self.change_through(req, fh, "setattr", &[ino.0], |fs, tx| {
             let a = if self.drops_privs && (uid.is_some() || gid.is_some() || size.is_some()) {
                 // A truncate drops the bits only for a caller without CAP_FSETID (the kernel
                 // says so in FATTR_KILL_SUIDGID, which fuser does not pass on); a chown
@@ -573,15 +614,15 @@ impl Filesystem for TallyFuse {
         self.reply_entry(reply, r);
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, _req: &Request, ino: INodeNo, open_flags: OpenFlags, reply: ReplyOpen) {
         self.requests.count(Opcode::Open);
         match self.call("open", |fs| Ok(fs.open(ino.0)?)) {
             Ok(()) => {
-                let mut flags = FILE_OPEN_FLAGS;
+                let (writable, mut flags) = Self::file_open_flags(open_flags.0);
                 if self.patchy().remove(&ino.0) {
                     flags.remove(FopenFlags::FOPEN_KEEP_CACHE);
                 }
-                reply.opened(self.fh(), flags);
+                reply.opened(self.fh(writable), flags);
             }
             Err(e) => reply.error(e),
         }
@@ -610,7 +651,7 @@ impl Filesystem for TallyFuse {
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
@@ -626,7 +667,7 @@ impl Filesystem for TallyFuse {
             // none: a hole): the kernel keeps it out of date.
             self.patchy().insert(ino.0);
         }
-        let r = self.change(req, "write", &[ino.0], &[], |fs, tx| {
+        let r = self.change_through(req, Some(fh), "write", &[ino.0], |fs, tx| {
             if self.drops_privs {
                 Ok(fs.write_dropping_privs(tx, ino.0, offset, data, bits)?)
             } else {
@@ -649,17 +690,23 @@ impl Filesystem for TallyFuse {
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
         self.requests.count(Opcode::Flush);
         // Nothing is buffered here: every write is already a committed transaction. close()
-        // does not make data durable on Tally, as on ext4; fsync does. (Only kernels that
-        // ignore FOPEN_NOFLUSH send this.)
-        reply.ok();
+        // does not make data durable on Tally, as on ext4; fsync does. Sent for files open
+        // for writing (and by kernels that ignore FOPEN_NOFLUSH): the kernel drops the
+        // caller's POSIX locks after this returns, so an atomic write its dying process left
+        // open ends here, before another process can lock the file and read it.
+        let r = self.call("flush", |fs| self.txns.abort_if_exiting(fs, fh.0, req.pid()));
+        if r == Ok(true) {
+            tracing::info!(fh = fh.0, "atomic write aborted: its process died with it open");
+        }
+        Self::reply_empty(reply, r.map(|_| ()));
     }
 
     fn release(
@@ -695,7 +742,7 @@ impl Filesystem for TallyFuse {
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         self.requests.count(Opcode::Opendir);
         match self.call("opendir", |fs| Ok(fs.open(ino.0)?)) {
-            Ok(()) => reply.opened(self.fh(), DIR_OPEN_FLAGS),
+            Ok(()) => reply.opened(self.fh(false), DIR_OPEN_FLAGS),
             Err(e) => reply.error(e),
         }
     }
@@ -892,7 +939,7 @@ impl Filesystem for TallyFuse {
         n: &OsStr,
         mode: u32,
         _umask: u32,
-        _flags: i32,
+        open_flags: i32,
         reply: ReplyCreate,
     ) {
         self.requests.count(Opcode::Create);
@@ -905,7 +952,8 @@ impl Filesystem for TallyFuse {
             Ok(attr) => {
                 // One timeout for the entry and the attributes here.
                 let ttl = self.attr_timeout.min(self.entry_timeout);
-                reply.created(&ttl, &attr, Generation(0), self.fh(), FILE_OPEN_FLAGS)
+                let (writable, flags) = Self::file_open_flags(open_flags);
+                reply.created(&ttl, &attr, Generation(0), self.fh(writable), flags)
             }
             Err(e) => reply.error(e),
         }
@@ -922,9 +970,15 @@ impl Filesystem for TallyFuse {
         out_size: u32,
         reply: ReplyIoctl,
     ) {
-        self.requests.count(Opcode::Ioctl);
         // Files and directories alike (the kernel sends FUSE_IOCTL_DIR for a directory).
-        match self.transaction_ioctl(req, ino, fh, cmd, out_size) {
+        let r = if let Some(op) = f2fs::f2fs_opcode(cmd) {
+            self.requests.count(op);
+            self.f2fs_ioctl(req, ino, fh, cmd, out_size)
+        } else {
+            self.requests.count(Opcode::Ioctl);
+            self.transaction_ioctl(req, ino, fh, cmd, out_size)
+        };
+        match r {
             Ok(data) => reply.ioctl(0, &data),
             Err(e) => reply.error(e),
         }
@@ -934,14 +988,14 @@ impl Filesystem for TallyFuse {
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         length: u64,
         mode: i32,
         reply: ReplyEmpty,
     ) {
         self.requests.count(Opcode::Fallocate);
-        let r = self.change(req, "fallocate", &[ino.0], &[], |fs, tx| {
+        let r = self.change_through(req, Some(fh), "fallocate", &[ino.0], |fs, tx| {
             if mode & !(FALLOC_KEEP_SIZE | FALLOC_PUNCH_HOLE | FALLOC_ZERO_RANGE) != 0 {
                 return Err(Failure::Unsupported("fallocate mode"));
             }

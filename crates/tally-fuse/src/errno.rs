@@ -13,6 +13,10 @@ pub(crate) enum Failure {
     Fs(FsError),
     /// A request flag or mode the file system does not implement (`EOPNOTSUPP`).
     Unsupported(&'static str),
+    /// An ioctl that writes needs a file open for writing (`EBADF`, as F2FS answers).
+    NotWritable,
+    /// Only the file's owner (or root) may do this (`EACCES`).
+    NotOwner,
     /// An earlier request panicked inside the file system: every later request fails with
     /// `EIO` (fail-stop), and unmount writes no snapshot, so the next mount replays the log.
     Stopped,
@@ -30,6 +34,8 @@ pub(crate) fn errno(failure: &Failure) -> Errno {
         Failure::Fs(e) => e.errno(),
         Failure::Unsupported(_) => libc::EOPNOTSUPP,
         Failure::Stopped => libc::EIO,
+        Failure::NotWritable => libc::EBADF,
+        Failure::NotOwner => libc::EACCES,
     };
     Errno::from_i32(code)
 }

@@ -17,8 +17,11 @@
 //!   written in pieces that split pages is opened without its cached pages once, so it is read
 //!   whole rather than a page per gap;
 //! - **listings with attributes** (`READDIRPLUS`): no `LOOKUP` per listed name;
-//! - **no `FLUSH` at close** (`FOPEN_NOFLUSH`): every write is a transaction when it returns,
-//!   and the kernel still sends `RELEASE`, which ends a transaction its open file owns;
+//! - **no `FLUSH` at close** (`FOPEN_NOFLUSH`) of a file open only for reading: every write
+//!   is a transaction when it returns, and the kernel still sends `RELEASE`, which ends a
+//!   transaction its open file owns. A file open for writing gets `FLUSH`, where an F2FS
+//!   atomic write its dying process left open is aborted before the kernel drops the
+//!   process's POSIX locks;
 //! - **privileges dropped by the file system** (`FUSE_HANDLE_KILLPRIV_V2`): Tally takes
 //!   set-user-ID and set-group-ID bits and `security.capability` on write, truncate and chown
 //!   (`privs.rs`), and the kernel stops asking `getxattr("security.capability")` before
@@ -38,6 +41,11 @@
 //! change a bound process makes goes into it (`txns.rs`; `docs/TRANSACTIONS.md`). A plain
 //! request that touches what an open transaction holds waits at most
 //! [`MountConfig::txn_wait`], then gets `EBUSY`.
+//!
+//! **F2FS's atomic writes** (`F2FS_IOC_START_ATOMIC_WRITE`, `COMMIT`, `ABORT`,
+//! `GET_FEATURES`), which SQLite built with `SQLITE_ENABLE_BATCH_ATOMIC_WRITE` uses to commit
+//! with no journal: a transaction owned by one open file, taking the writes through it
+//! (`adapter/f2fs.rs`).
 //!
 //! While mounted, a [`tally_fs::Maintenance`] thread makes committed changes durable and cleans
 //! every [`MountConfig::maintenance_interval`]; the kernel's unmount (or a signal, see

@@ -55,10 +55,19 @@ pub enum Opcode {
     Lseek,
     CopyFileRange,
     Poll,
+    /// An `IOCTL` carrying F2FS's `F2FS_IOC_GET_FEATURES` (counted here, not under `Ioctl`;
+    /// so are the three below): SQLite asks it of each database file it opens.
+    F2fsGetFeatures,
+    /// `IOCTL` `F2FS_IOC_START_ATOMIC_WRITE`: one per batch-atomic SQLite commit.
+    F2fsStartAtomicWrite,
+    /// `IOCTL` `F2FS_IOC_COMMIT_ATOMIC_WRITE`.
+    F2fsCommitAtomicWrite,
+    /// `IOCTL` `F2FS_IOC_ABORT_VOLATILE_WRITE`.
+    F2fsAbortAtomicWrite,
 }
 
 /// Number of [`Opcode`]s.
-const OPCODE_COUNT: usize = 35;
+const OPCODE_COUNT: usize = 39;
 
 impl Opcode {
     /// Every opcode, in the order counts are reported.
@@ -98,9 +107,13 @@ impl Opcode {
         Opcode::Lseek,
         Opcode::CopyFileRange,
         Opcode::Poll,
+        Opcode::F2fsGetFeatures,
+        Opcode::F2fsStartAtomicWrite,
+        Opcode::F2fsCommitAtomicWrite,
+        Opcode::F2fsAbortAtomicWrite,
     ];
 
-    /// The kernel's name, without `FUSE_`.
+    /// The kernel's name, without `FUSE_` (an F2FS ioctl: `IOCTL(` its name `)`).
     pub fn name(self) -> &'static str {
         match self {
             Opcode::Lookup => "LOOKUP",
@@ -138,6 +151,10 @@ impl Opcode {
             Opcode::Lseek => "LSEEK",
             Opcode::CopyFileRange => "COPY_FILE_RANGE",
             Opcode::Poll => "POLL",
+            Opcode::F2fsGetFeatures => "IOCTL(F2FS_GET_FEATURES)",
+            Opcode::F2fsStartAtomicWrite => "IOCTL(F2FS_START_ATOMIC_WRITE)",
+            Opcode::F2fsCommitAtomicWrite => "IOCTL(F2FS_COMMIT_ATOMIC_WRITE)",
+            Opcode::F2fsAbortAtomicWrite => "IOCTL(F2FS_ABORT_ATOMIC_WRITE)",
         }
     }
 

@@ -15,7 +15,13 @@
 //! - after an abort (or a failed commit, which aborts) every inode and entry the transaction
 //!   changed is invalidated in the kernel's caches before the ioctl returns, so `stat` and
 //!   `read` show the old state at once;
-//! - `/proc` is read only while a transaction is open; otherwise routing costs one atomic load.
+//! - `/proc` is read only while a transaction is open; otherwise routing costs one atomic load;
+//! - an **atomic write** (F2FS's ioctls, SQLite's batch-atomic commit) is a transaction owned by
+//!   one open file of one regular file and bound to no process: the writes and truncates that
+//!   come through that handle go into it, nothing else does. At most one handle has one on a
+//!   file. It ends by commit (durable), abort, the handle's release, or — before the kernel drops
+//!   the process's POSIX locks — the `FLUSH` of the handle by its starting process when that
+//!   process is exiting ([`Txns::abort_if_exiting`]).
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
@@ -54,6 +60,9 @@ enum Scope {
     Process(u32),
     /// A thread group and every process below it.
     Tree(u32),
+    /// An atomic write: the requests through the owning handle, on file `ino`; `starter` is
+    /// the thread group that started it.
+    Handle { ino: u64, starter: u32 },
 }
 
 /// What a transaction changed, for the kernel's caches after an abort.
@@ -129,6 +138,7 @@ impl Txns {
         let trees = bound.iter().any(|b| matches!(b.scope, Scope::Tree(_)));
         let lineage = lineage(pid, if trees { LINEAGE_DEPTH_MAX } else { 1 });
         let me = *lineage.first()?;
+        // Atomic writes (`Scope::Handle`) are bound to no process: no scope below matches them.
         if let Some(b) = bound.iter().find(|b| b.scope == Scope::Process(me)) {
             return Some(b.clone());
         }
@@ -161,6 +171,79 @@ impl Txns {
         self.open_count.fetch_add(1, Ordering::AcqRel);
         tracing::debug!(id, ?scope, fh, "transaction begun");
         Ok(id)
+    }
+
+    /// The atomic write handle `fh` owns, if any: the transaction its writes go into.
+    pub(crate) fn route_handle(&self, fh: u64) -> Option<Arc<Bound>> {
+        if self.open_count.load(Ordering::Acquire) == 0
+            || self.mutant == Some(FuseMutant::RouteNothing)
+        {
+            return None;
+        }
+        self.owners().get(&fh).filter(|b| matches!(b.scope, Scope::Handle { .. })).cloned()
+    }
+
+    /// Whether handle `fh` owns an atomic write.
+    pub(crate) fn owns_atomic(&self, fh: u64) -> bool {
+        self.owners().get(&fh).is_some_and(|b| matches!(b.scope, Scope::Handle { .. }))
+    }
+
+    /// Start an atomic write on file `ino` owned by handle `fh`, for a request from thread
+    /// `pid`. Starting it again on the same handle does nothing (as on F2FS).
+    ///
+    /// `EBUSY` when the handle owns a `BEGIN` transaction, the caller is inside one (they do
+    /// not nest: SQLite then journals), or another handle has an atomic write on the file.
+    pub(crate) fn begin_atomic(&self, fs: &Fs, fh: u64, ino: u64, pid: u32) -> Result<(), Failure> {
+        if self.route(pid).is_some() {
+            return Err(FsError::Busy.into());
+        }
+        let starter = lineage(pid, 1).first().copied().unwrap_or(0);
+        let mut owners = self.owners();
+        if let Some(b) = owners.get(&fh) {
+            return match b.scope {
+                Scope::Handle { .. } => Ok(()),
+                _ => Err(FsError::Busy.into()),
+            };
+        }
+        if owners.values().any(|b| matches!(b.scope, Scope::Handle { ino: i, .. } if i == ino)) {
+            return Err(FsError::Busy.into());
+        }
+        let txn = fs.begin()?;
+        let id = txn.id();
+        let scope = Scope::Handle { ino, starter };
+        let bound = Bound {
+            id,
+            scope,
+            txn: RwLock::new(Some(txn)),
+            touched: Mutex::new(Touched::default()),
+        };
+        owners.insert(fh, Arc::new(bound));
+        self.open_count.fetch_add(1, Ordering::AcqRel);
+        tracing::debug!(id, ino, fh, starter, "atomic write started");
+        Ok(())
+    }
+
+    /// `FLUSH` of handle `fh` by thread `pid` (a `close` of one of its descriptors, before the
+    /// kernel drops the caller's POSIX locks): abort the atomic write `fh` owns if the caller
+    /// is a thread of the process that started it and that process is exiting (killed, or
+    /// `exit` with the write open) — F2FS's rule (`f2fs_file_flush`). Another process's close
+    /// of an inherited copy, or the starter's own `close` while alive, leaves it to commit,
+    /// abort or the handle's release. Returns whether it aborted.
+    pub(crate) fn abort_if_exiting(&self, fs: &Fs, fh: u64, pid: u32) -> Result<bool, Failure> {
+        let starter = match self.owners().get(&fh).map(|b| b.scope) {
+            Some(Scope::Handle { starter, .. }) => starter,
+            _ => return Ok(false),
+        };
+        // A thread whose /proc entry cannot be read is gone: its process is exiting.
+        let (tgid, exiting) = match exit_status_of(pid) {
+            Some((tgid, exiting)) => (tgid, exiting),
+            None => (starter, true),
+        };
+        if tgid != starter || !exiting {
+            return Ok(false);
+        }
+        self.end(fs, fh, End::Abort)?;
+        Ok(true)
     }
 
     /// The id of the transaction a request from `pid` goes into, 0 when none.
@@ -244,6 +327,24 @@ fn status_of(pid: u32) -> Option<(u32, u32)> {
     Some((field("Tgid:")?, field("PPid:")?))
 }
 
+/// `PF_EXITING` in `/proc/<pid>/stat`'s flags: the task is in `do_exit` (set before its files
+/// are closed).
+const PF_EXITING: u64 = 0x4;
+
+/// The thread group of thread `pid`, and whether it is exiting (`PF_EXITING`).
+fn exit_status_of(pid: u32) -> Option<(u32, bool)> {
+    if pid == 0 {
+        return None;
+    }
+    let (tgid, _) = status_of(pid)?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid pgrp session tty_nr tpgid flags …`; comm may hold spaces and
+    // parentheses, so fields are counted after the last `)`.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let flags: u64 = rest.split_whitespace().nth(6)?.parse().ok()?;
+    Some((tgid, flags & PF_EXITING != 0))
+}
+
 /// The thread group of thread `pid`, then its parent, grandparent, … (at most `depth` entries,
 /// ending before pid 0). Empty when the thread is gone or `pid` is 0 (a request the kernel
 /// makes on its own, or a caller outside the mount's pid namespace).
@@ -324,6 +425,37 @@ mod tests {
         assert_eq!(t.current(parent), 0, "the root's parent is outside the tree");
         t.end(&fs, 1, End::Commit).unwrap();
         assert_eq!(t.current(me()), 0);
+    }
+
+    #[test]
+    fn an_atomic_write_belongs_to_its_handle_and_no_process() {
+        let fs = fs();
+        let t = Txns::default();
+        let a = fs.create(None, ROOT, b"db", 0o644, Owner { uid: 0, gid: 0 }).unwrap();
+        t.begin_atomic(&fs, 3, a.ino, me()).unwrap();
+        // Again on the same handle: nothing (F2FS answers 0); on another handle of the same
+        // file, or by a caller inside a transaction: EBUSY.
+        t.begin_atomic(&fs, 3, a.ino, me()).unwrap();
+        assert!(matches!(t.begin_atomic(&fs, 4, a.ino, me()), Err(Failure::Fs(FsError::Busy))));
+        assert!(t.owns_atomic(3) && !t.owns_atomic(4));
+        assert!(t.route_handle(3).is_some() && t.route_handle(4).is_none());
+        assert_eq!(t.current(me()), 0, "the starter's other requests are not routed");
+        // A flush by a live process (this one) keeps it.
+        assert!(!t.abort_if_exiting(&fs, 3, me()).unwrap());
+        {
+            let b = t.route_handle(3).unwrap();
+            let g = b.read();
+            fs.write(g.as_ref(), a.ino, 0, b"half").unwrap();
+        }
+        t.end(&fs, 3, End::Abort).unwrap();
+        assert_eq!(fs.getattr(a.ino).unwrap().size, 0, "abort kept the write");
+        assert!(!t.owns_atomic(3));
+    }
+
+    #[test]
+    fn this_process_is_not_exiting() {
+        assert_eq!(exit_status_of(me()), Some((me(), false)));
+        assert_eq!(exit_status_of(0), None);
     }
 
     #[test]

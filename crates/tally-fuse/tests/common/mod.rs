@@ -26,9 +26,13 @@ pub fn fuse_unavailable() -> Option<String> {
     None
 }
 
-/// True, after printing why, when a test needing FUSE must skip.
+/// True, after printing why, when a test needing FUSE must skip. Under `CI=true` it panics
+/// instead: CI has FUSE, and a test that skipped there would pass having checked nothing.
 pub fn skip_without_fuse() -> bool {
     match fuse_unavailable() {
+        Some(why) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("FUSE is needed and CI=true: {why}")
+        }
         Some(why) => {
             eprintln!("skipped: {why}");
             true
