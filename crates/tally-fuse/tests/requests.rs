@@ -11,13 +11,27 @@ use std::time::Duration;
 
 use tally_fuse::{Opcode, Unmounted};
 
-use common::{require_fuse, wait_until, Scratch};
+use common::{require_fuse, wait_until, Scratch, Served};
+
+/// Mount `s`, and wait until the daemon has set the mount's read-ahead (`-o read_ahead_kb`,
+/// 1024 by default): its `stat` of the mount's root is a `GETATTR` that must not land among a
+/// test's counts.
+fn mount(s: &Scratch) -> Served {
+    use std::os::unix::fs::MetadataExt;
+    let m = s.mount();
+    let dev = fs::metadata(&m.dir).unwrap().dev();
+    let path = format!("/sys/class/bdi/{}:{}/read_ahead_kb", libc::major(dev), libc::minor(dev));
+    wait_until("read-ahead set", Duration::from_secs(10), || {
+        fs::read_to_string(&path).is_ok_and(|v| v.trim() == "1024")
+    });
+    m
+}
 
 #[test]
 fn each_request_is_counted_once_under_its_opcode() {
     require_fuse!();
     let s = Scratch::new("requests-test", "count");
-    let m = s.mount();
+    let m = mount(&s);
     let before = m.requests();
     let mut f = OpenOptions::new().write(true).create_new(true).open(m.path("f")).unwrap();
     for _ in 0..3 {
@@ -40,7 +54,7 @@ fn each_request_is_counted_once_under_its_opcode() {
 fn closing_sends_no_flush_and_only_the_first_write_asks_for_capabilities() {
     require_fuse!();
     let s = Scratch::new("requests-test", "write");
-    let m = s.mount();
+    let m = mount(&s);
     let before = m.requests();
     let mut f = OpenOptions::new().write(true).create_new(true).open(m.path("f")).unwrap();
     for _ in 0..10 {
@@ -61,7 +75,7 @@ fn closing_sends_no_flush_and_only_the_first_write_asks_for_capabilities() {
 fn unchanged_files_are_read_from_the_kernels_cache_and_attributes_asked_once() {
     require_fuse!();
     let s = Scratch::new("requests-test", "cache");
-    let m = s.mount();
+    let m = mount(&s);
     fs::write(m.path("f"), vec![5u8; 100_000]).unwrap();
     assert_eq!(fs::read(m.path("f")).unwrap(), vec![5u8; 100_000]);
     let _ = fs::metadata(m.path("f")).unwrap();
@@ -81,7 +95,7 @@ fn unchanged_files_are_read_from_the_kernels_cache_and_attributes_asked_once() {
 fn a_file_written_in_pieces_that_split_pages_is_read_whole() {
     require_fuse!();
     let s = Scratch::new("requests-test", "patchy");
-    let m = s.mount();
+    let m = mount(&s);
     // 10,000-byte pieces, as tar's 10 KiB records: most page boundaries fall inside a piece,
     // and the pages two pieces share stay out of date in the kernel's cache.
     let mut f = File::create(m.path("f")).unwrap();
@@ -103,14 +117,14 @@ fn a_file_written_in_pieces_that_split_pages_is_read_whole() {
 fn a_listing_carries_the_attributes_of_its_names() {
     require_fuse!();
     let s = Scratch::new("requests-test", "listing");
-    let m = s.mount();
+    let m = mount(&s);
     fs::create_dir(m.path("d")).unwrap();
     for i in 0..50 {
         fs::write(m.path(&format!("d/f{i}")), format!("{i}")).unwrap();
     }
     assert_eq!(m.unmount(), Unmounted::Clean);
     // A new mount: the kernel knows no name in d yet.
-    let m = s.mount();
+    let m = mount(&s);
     let before = m.requests();
     let mut sizes = 0;
     for e in fs::read_dir(m.path("d")).unwrap() {
