@@ -121,6 +121,8 @@ pub struct TallyFuse {
     page_size: u64,
     /// A deliberately broken variant, if any (`mutants` feature).
     mutant: Option<FuseMutant>,
+    /// F2FS's atomic-write ioctls are answered ([`MountConfig::atomic_writes`]).
+    atomic_writes: bool,
 }
 
 impl TallyFuse {
@@ -155,6 +157,7 @@ impl TallyFuse {
             patchy: Mutex::default(),
             page_size: page_size(),
             mutant: cfg.mutant,
+            atomic_writes: cfg.atomic_writes,
         }
     }
 

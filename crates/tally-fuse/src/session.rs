@@ -46,6 +46,9 @@ pub struct MountConfig {
     pub txn_wait: Duration,
     /// A deliberately broken variant of the adapter (needs the `mutants` feature).
     pub mutant: Option<FuseMutant>,
+    /// Answer F2FS's atomic-write ioctls (`-o no_atomic_write` to refuse them with `ENOTTY`,
+    /// as a file system without them does: SQLite then journals; for comparisons).
+    pub atomic_writes: bool,
     /// How often the maintenance thread makes changes durable and cleans.
     pub maintenance_interval: Duration,
     /// How long a change may wait in memory before the log writes it to the device
@@ -76,6 +79,7 @@ impl Default for MountConfig {
             negative_timeout: CACHE_TIMEOUT_DEFAULT,
             txn_wait: Duration::from_millis(100),
             mutant: None,
+            atomic_writes: true,
             maintenance_interval: Duration::from_secs(5),
             commit_interval: tally_log::WriteBehind::INTERVAL_DEFAULT,
             read_ahead_kb: READ_AHEAD_KB_DEFAULT,
@@ -128,6 +132,7 @@ pub fn parse_options(list: &str, cfg: &mut MountConfig) -> Result<(), String> {
             "default_permissions" => {}
             "allow_other" | "allow_root" => cfg.allow_other = true,
             "ro" => return Err("read-only mounts are not supported yet".into()),
+            "no_atomic_write" => cfg.atomic_writes = false,
             o if o.starts_with("txn_wait_ms=") => {
                 let ms = o["txn_wait_ms=".len()..]
                     .parse::<u64>()
@@ -156,7 +161,7 @@ pub fn parse_options(list: &str, cfg: &mut MountConfig) -> Result<(), String> {
             o => {
                 return Err(format!(
                     "unknown mount option {o:?} (known: default_permissions, allow_other, \
-                     txn_wait_ms=N, commit_ms=N, read_ahead_kb=N, attr_timeout=S, entry_timeout=S, negative_timeout=S, {})",
+                     txn_wait_ms=N, commit_ms=N, no_atomic_write, read_ahead_kb=N, attr_timeout=S, entry_timeout=S, negative_timeout=S, {})",
                     PASSED_THROUGH.join(", ")
                 ))
             }

@@ -64,6 +64,9 @@ impl TallyFuse {
         cmd: u32,
         out_size: u32,
     ) -> Result<Vec<u8>, Errno> {
+        if !self.atomic_writes {
+            return Err(Errno::from_i32(libc::ENOTTY));
+        }
         if cmd == GET_FEATURES {
             if out_size < 4 {
                 return Err(errno(&Failure::Fs(tally_fs::FsError::Invalid("ioctl buffer"))));
