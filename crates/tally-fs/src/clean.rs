@@ -96,11 +96,13 @@ impl Fs {
         // Least live first; among equals, the longest chain: when every head is full of
         // live data, moving the longest chain's head on is what reaches its dead space.
         let mut best: Option<(u64, usize, u16)> = None;
+        let mut best_read = None;
         for s in 0..self.streams {
             let Some(l) = self.measure_oldest_of(st, s)? else { continue };
             let chain = self.log.segment_usage(s)?.len();
             if best.is_none_or(|(b, c, _)| l.live_blocks < b || (l.live_blocks == b && chain > c)) {
                 best = Some((l.live_blocks, chain, s));
+                best_read = Some((l.segment, l.txs));
             }
         }
         // Packed, a live part no larger than the segment never needs more than one new
@@ -111,7 +113,10 @@ impl Fs {
         let Some((_, _, stream)) = best.filter(|&(live, _, _)| gains(live)) else {
             return Ok(false);
         };
-        let r = self.clean_locked(st, stream, 1)?;
+        let r = match best_read {
+            Some(read) => self.clean_one(st, stream, read)?,
+            None => self.clean_locked(st, stream, 1)?,
+        };
         Ok(r.log.segments_freed > 0)
     }
 
@@ -134,7 +139,7 @@ impl Fs {
         let old = self.log.segment_usage(stream)?.len().saturating_sub(1);
         let mut report = FsCleanReport::default();
         for _ in 0..segments.min(old) {
-            let r = self.clean_oldest(st, stream)?;
+            let r = self.clean_oldest(st, stream, None)?;
             report.records_read += r.records_read;
             report.records_relocated += r.records_relocated;
             report.data_blocks_relocated += r.data_blocks_relocated;
@@ -149,12 +154,44 @@ impl Fs {
         Ok(report)
     }
 
+    /// [`Fs::clean_locked`] of one segment, `read` as [`Fs::clean_oldest`] takes it.
+    fn clean_one(
+        &self,
+        st: &mut State,
+        stream: u16,
+        read: (u32, Vec<tally_log::RecoveredTx>),
+    ) -> Result<FsCleanReport> {
+        if !st.txns.open.is_empty() {
+            return Err(FsError::Busy);
+        }
+        if let Some(e) = &st.failed {
+            return Err(FsError::ReadOnly(e.clone()));
+        }
+        if self.log.segment_usage(stream)?.len() < 2 {
+            return Ok(FsCleanReport::default());
+        }
+        self.clean_oldest(st, stream, Some(read))
+    }
+
     /// Clean `stream`'s oldest segment: its live records are packed into as few transactions
     /// as fit [`PACK_BLOCKS`], re-committed on the stream, and the log's checkpoint frees it.
-    fn clean_oldest(&self, st: &mut State, stream: u16) -> Result<FsCleanReport> {
+    /// `read`: the segment and its transactions as measuring just read them (under the same
+    /// hold of the state lock), so they are not read a second time; used only while that
+    /// segment is still the stream's oldest (a full segment's transactions never change).
+    fn clean_oldest(
+        &self,
+        st: &mut State,
+        stream: u16,
+        read: Option<(u32, Vec<tally_log::RecoveredTx>)>,
+    ) -> Result<FsCleanReport> {
         let mut report = FsCleanReport::default();
-        let Some((_, txs)) = self.log.oldest_segment_transactions(stream)? else {
-            return Ok(report);
+        let oldest = self.log.segment_usage(stream)?.first().map(|u| u.segment);
+        let txs = match read {
+            Some((segment, txs)) if Some(segment) == oldest => txs,
+            _ => match self.log.oldest_segment_transactions(stream)? {
+                Some((_, txs)) => txs,
+                None => return Ok(report),
+            },
         };
         let bs = u64::from(self.bs);
         let limit = self.pack_blocks();
@@ -410,11 +447,12 @@ impl Fs {
             for _ in 0..total {
                 let mut st = step(&mut held)?;
                 let taken = std::time::Instant::now();
-                if !st.txns.open.is_empty() || !self.oldest_mostly_dead(&mut st, stream)? {
+                if !st.txns.open.is_empty() {
                     break;
                 }
+                let Some(read) = self.oldest_mostly_dead(&mut st, stream)? else { break };
                 let before = self.log.free_segments();
-                let cleaned = self.clean_locked(&mut st, stream, 1);
+                let cleaned = self.clean_one(&mut st, stream, read);
                 held = taken.elapsed();
                 match cleaned {
                     Ok(_) => {
@@ -455,25 +493,35 @@ impl Fs {
     /// Is less than half of `stream`'s oldest segment (bytes of records and data blocks) live?
     /// Measured by reading the segment; not measured again for the same segment until data
     /// blocks amounting to half a segment have died since (records only ever die).
-    fn oldest_mostly_dead(&self, st: &mut State, stream: u16) -> Result<bool> {
+    /// Returns the segment and its transactions, as read to measure it, when it is.
+    fn oldest_mostly_dead(
+        &self,
+        st: &mut State,
+        stream: u16,
+    ) -> Result<Option<(u32, Vec<tally_log::RecoveredTx>)>> {
         let Some(&(segment, dead_then)) = st.liveness_checked.get(&stream) else {
             return self.measure_oldest(st, stream);
         };
         let current = self.log.segment_usage(stream)?.first().map(|u| u.segment);
         let died = st.dead_blocks.saturating_sub(dead_then);
         if current == Some(segment) && died < u64::from(self.segment_blocks / 2) {
-            return Ok(false);
+            return Ok(None);
         }
         self.measure_oldest(st, stream)
     }
 
-    fn measure_oldest(&self, st: &mut State, stream: u16) -> Result<bool> {
-        let Some(l) = self.measure_oldest_of(st, stream)? else { return Ok(false) };
+    fn measure_oldest(
+        &self,
+        st: &mut State,
+        stream: u16,
+    ) -> Result<Option<(u32, Vec<tally_log::RecoveredTx>)>> {
+        let Some(l) = self.measure_oldest_of(st, stream)? else { return Ok(None) };
         let mostly_dead = l.alive_bytes * 2 < l.total_bytes;
         if !mostly_dead {
             st.liveness_checked.insert(stream, (l.segment, st.dead_blocks));
+            return Ok(None);
         }
-        Ok(mostly_dead)
+        Ok(Some((l.segment, l.txs)))
     }
 
     /// How much of `stream`'s oldest segment is live, read from the device; `None` when the
@@ -483,7 +531,8 @@ impl Fs {
             return Ok(None);
         };
         let bs = u64::from(self.bs);
-        let mut l = Liveness { segment, total_bytes: 0, alive_bytes: 0, live_blocks: 0 };
+        let mut l =
+            Liveness { segment, total_bytes: 0, alive_bytes: 0, live_blocks: 0, txs: Vec::new() };
         let (mut data, mut record_bytes) = (0u64, BODY_HEADER);
         for tx in &txs {
             l.total_bytes += u64::from(tx.data_count) * bs;
@@ -505,6 +554,7 @@ impl Fs {
         if data == 0 && l.alive_bytes == 0 {
             l.live_blocks = 0;
         }
+        l.txs = txs;
         Ok(Some(l))
     }
 }
@@ -512,6 +562,8 @@ impl Fs {
 /// How much of a stream's oldest segment is live.
 struct Liveness {
     segment: u32,
+    /// Its transactions as read (for cleaning it next without reading them again).
+    txs: Vec<tally_log::RecoveredTx>,
     /// Bytes of records and data blocks in it.
     total_bytes: u64,
     /// Of those, live.

@@ -62,3 +62,32 @@ fn operations_run_between_the_segments_a_round_cleans() {
     assert_eq!(fs.read(ino, 0, MIB).unwrap(), vec![7u8; MIB]);
     assert!(fs.fsck().is_clean());
 }
+
+/// The round reads what it cleans about twice (measured, then read again by the log's own
+/// cleaning), not three times: the transactions read to measure a segment are the ones
+/// cleaning it relocates from.
+#[test]
+fn a_round_reads_each_segment_it_cleans_twice_at_most() {
+    let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 32768).unwrap());
+    let mkfs = MkfsOptions { segment_blocks: 256, ..MkfsOptions::default() };
+    Fs::mkfs(dev.clone(), &mkfs).unwrap();
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let ino = fs.create(None, ROOT, b"f", 0o644, ME).unwrap().ino;
+    for round in 0..8u8 {
+        let chunk = vec![round; 256 << 10];
+        for i in 0..16 {
+            fs.write(None, ino, (i * (256 << 10)) as u64, &chunk).unwrap();
+        }
+    }
+    fs.sync().unwrap();
+    let before = dev.stats().bytes_read;
+    let report = fs.maintain().unwrap();
+    let read = dev.stats().bytes_read - before;
+    let segment_bytes = 256 * 4096u64;
+    let per_segment = read as f64 / (u64::from(report.mostly_dead_cleaned) * segment_bytes) as f64;
+    eprintln!("{report:?}: {per_segment:.2} segments' bytes read per segment cleaned");
+    assert!(report.mostly_dead_cleaned >= 16, "{report:?}");
+    assert!(per_segment < 2.5, "{per_segment:.2} reads of each cleaned segment");
+    assert_eq!(fs.read(ino, 0, MIB).unwrap(), vec![7u8; MIB]);
+    assert!(fs.fsck().is_clean());
+}
