@@ -11,8 +11,10 @@ use common::{require_fuse, sh_in, Ext4, Scratch};
 use tally_fuse::Unmounted;
 
 /// Reserve 8 MiB, fill the rest, then write the reserved range whole: every step's status.
+/// (`huge` is removed after its failed fallocate: ext4 keeps the blocks a failed fallocate
+/// allocated until then — its image was full after it — where Tally reserves nothing.)
 const FALLOCATE: &str = r"
-fallocate -l 100G huge; echo huge $?; ls huge 2>/dev/null | wc -l
+fallocate -l 100G huge; echo huge $?; ls huge 2>/dev/null | wc -l; rm -f huge
 fallocate -l 8M reserved; echo reserved $? $(stat -c %s reserved)
 dd if=/dev/zero of=filler bs=64k 2>/dev/null; echo filler $?
 dd if=/dev/urandom of=reserved bs=64k count=128 conv=notrunc,fsync 2>&1 | grep -c 'No space'
@@ -33,7 +35,7 @@ fn fallocate_reserves_as_on_ext4() {
     };
     assert_eq!(status(&on_tally), status(&on_ext4), "ext4:\n{on_ext4}\nTally:\n{on_tally}");
     assert!(on_tally.contains("No space left on device"), "{on_tally}");
-    assert!(on_tally.contains("huge 1\n0\n"), "{on_tally}");
+    assert!(on_tally.contains("huge 1\n"), "{on_tally}");
     assert!(on_tally.contains("reserved 0 8388608"), "{on_tally}");
     assert!(on_tally.contains("\n0\nwritten 8388608"), "a reserved write got ENOSPC:\n{on_tally}");
     // Unmounted full: the snapshot is written all the same, and the next mount reads it.
