@@ -105,6 +105,18 @@ pub trait Device: Send + Sync {
     /// errors of the submission itself.
     fn submit(&self, writes: Vec<Write>, flags: WriteFlags) -> Result<Ticket>;
 
+    /// Submit `writes` on behalf of log stream `stream`. The stream is a hint: a backend with
+    /// several queues (an NBD device with one connection per stream, RIO's stream-to-queue
+    /// mapping) keeps each stream on its own queue, so one stream's slow requests do not hold
+    /// up another's. Ordering never depends on it. The default ignores it.
+    ///
+    /// # Errors
+    /// As [`Device::submit`].
+    fn submit_stream(&self, stream: u16, writes: Vec<Write>, flags: WriteFlags) -> Result<Ticket> {
+        let _ = stream;
+        self.submit(writes, flags)
+    }
+
     /// Block until every write of `ticket` has completed; report the first error among them.
     /// Waiting again on a completed ticket returns the same outcome.
     ///
@@ -140,6 +152,9 @@ impl<D: Device + ?Sized> Device for std::sync::Arc<D> {
     }
     fn submit(&self, writes: Vec<Write>, flags: WriteFlags) -> Result<Ticket> {
         (**self).submit(writes, flags)
+    }
+    fn submit_stream(&self, stream: u16, writes: Vec<Write>, flags: WriteFlags) -> Result<Ticket> {
+        (**self).submit_stream(stream, writes, flags)
     }
     fn wait(&self, ticket: Ticket) -> Result<()> {
         (**self).wait(ticket)

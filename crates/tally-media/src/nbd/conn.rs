@@ -168,6 +168,11 @@ impl Conn {
         Ok(Conn { writer: Mutex::new(stream), shared, reader: Mutex::new(Some(reader)) })
     }
 
+    /// Requests sent on this connection so far (cookies are handed out one per request).
+    pub(crate) fn requests_sent(&self) -> u64 {
+        self.shared.lock().next_cookie - 1
+    }
+
     /// The connection's failure, if it failed.
     pub(crate) fn failure(&self) -> Option<NbdError> {
         self.shared.lock().dead.clone()
@@ -492,7 +497,9 @@ fn chunk(stream: &mut Stream, shared: &Shared, header: ChunkHeader) -> Result<()
         let start = offset.checked_sub(request_offset);
         let end = start.and_then(|s| s.checked_add(size));
         match (start, end) {
-            (Some(start), Some(end)) if size > 0 && end <= u64::from(request_length) => Ok((start, end)),
+            (Some(start), Some(end)) if size > 0 && end <= u64::from(request_length) => {
+                Ok((start, end))
+            }
             _ => Err(NbdError::protocol(format!(
                 "chunk for {size} bytes at {offset}, outside the request ({request_length} bytes at {request_offset})"
             ))),
@@ -529,7 +536,10 @@ fn chunk(stream: &mut Stream, shared: &Shared, header: ChunkHeader) -> Result<()
             let message_length = usize::from(be16(&body[4..6]));
             let fixed = if kind == REPLY_TYPE_ERROR_OFFSET { 14 } else { 6 };
             if errno == 0 || message_length > body.len() - fixed {
-                let reason = format!("error chunk with error {errno} and a {message_length}-byte message in {} bytes", body.len());
+                let reason = format!(
+                    "error chunk with error {errno} and a {message_length}-byte message in {} bytes",
+                    body.len()
+                );
                 return Err(NbdError::protocol(reason).into());
             }
             let message = String::from_utf8_lossy(&body[6..6 + message_length]).into_owned();

@@ -125,7 +125,9 @@ impl NbdDevice {
         let block_size = options.block_size.unwrap_or(BLOCK_SIZE_DEFAULT.max(minimum));
         if !block_size.is_multiple_of(minimum) {
             return Err(MediaError::InvalidGeometry {
-                reason: format!("block size {block_size} is not a multiple of the export's minimum block size {minimum}"),
+                reason: format!(
+                    "block size {block_size} is not a multiple of the export's minimum block size {minimum}"
+                ),
             });
         }
         let block_count = export.size_bytes / u64::from(block_size);
@@ -189,6 +191,12 @@ impl NbdDevice {
     #[must_use]
     pub fn connection_count(&self) -> usize {
         self.conns.len()
+    }
+
+    /// Requests sent so far on each connection, in connection order.
+    #[must_use]
+    pub fn requests_per_connection(&self) -> Vec<u64> {
+        self.conns.iter().map(Conn::requests_sent).collect()
     }
 
     /// Whether the server rejects writes.
@@ -368,6 +376,11 @@ impl Device for NbdDevice {
 
     fn submit(&self, writes: Vec<Write>, flags: WriteFlags) -> Result<Ticket> {
         self.submit_on(self.next_queue(), writes, flags)
+    }
+
+    fn submit_stream(&self, stream: u16, writes: Vec<Write>, flags: WriteFlags) -> Result<Ticket> {
+        // Stream i on connection i % count: a stream's writes never queue behind another's.
+        self.submit_on(usize::from(stream), writes, flags)
     }
 
     fn wait(&self, ticket: Ticket) -> Result<()> {
