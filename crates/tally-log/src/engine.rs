@@ -294,10 +294,16 @@ pub struct Log {
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding a log lock is a bug that already failed a test; keep going so the
-    // panic is reported rather than a poison error.
+    // A panic while holding a log lock is a bug; the guard is still handed out (so the panic
+    // is reported rather than a poison error, and a reader of counters still answers), but
+    // the log fails stop: `check_failed` refuses every commit, flush, write-out and
+    // checkpoint from then on (see `Log::poisoned`).
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+/// What [`LogError::Failed`] says after a panic while a log lock was held.
+pub(crate) const POISONED: &str = "a panic while holding a log lock (a bug) may have left the \
+                                   log's state half changed";
 
 impl Log {
     /// Write a fresh, empty log onto `dev` (both superblock copies, then a flush).
@@ -463,7 +469,19 @@ impl Log {
     }
 
     fn check_failed(&self) -> Result<()> {
+        if self.poisoned() {
+            return Err(LogError::Failed { first_error: POISONED.into() });
+        }
         self.writer.check_failed()
+    }
+
+    /// Whether a thread panicked while holding one of the log's own locks (the writer's are
+    /// checked by [`Writer::check_failed`]): fail-stop, as after an I/O error.
+    fn poisoned(&self) -> bool {
+        self.space.is_poisoned()
+            || self.sb.is_poisoned()
+            || self.flush.is_poisoned()
+            || self.checkpoint_snapshot.is_poisoned()
     }
 
     pub(crate) fn fail(&self, e: MediaError) -> LogError {
@@ -478,6 +496,7 @@ impl Log {
     /// # Errors
     /// An earlier failure (fail-stop) and I/O errors (the log is then failed).
     pub fn write_out(&self) -> Result<()> {
+        self.check_failed()?;
         self.writer.write_out_all()
     }
 
@@ -613,7 +632,8 @@ impl Log {
             // keeps a flush round from declaring it durable.
             st.direct_submits += 1;
             drop(st);
-            let result = self.dev.submit(vec![Write::new(start, buf)], WriteFlags::NONE);
+            let writes = vec![Write::new(start, buf)];
+            let result = self.dev.submit_stream(tx.stream, writes, WriteFlags::NONE);
             let mut st = lock(&self.streams[s]);
             st.direct_submits -= 1;
             self.stream_cv[s].notify_all();
@@ -760,6 +780,9 @@ impl Log {
     /// # Errors
     /// I/O errors.
     pub fn sync(&self) -> Result<()> {
+        // Also when everything is durable already: a clean close or a snapshot after a
+        // failure (or a panic) must not be written.
+        self.check_failed()?;
         for s in 0..self.streams.len() {
             let last = lock(&self.streams[s]).last_seq;
             self.wait_durable(TxId { stream: s as u16, seq: last })?;
@@ -833,6 +856,7 @@ impl Log {
         if s >= self.streams.len() {
             return Err(LogError::Invalid(format!("no stream {stream}")));
         }
+        self.check_failed()?;
         self.wait_durable(TxId { stream, seq })?;
         let mut sbs = lock(&self.sb);
         let (root, freed) = {
@@ -956,4 +980,54 @@ pub(crate) fn crc_padded(data: &[u8], block_size: usize) -> u32 {
         left -= n;
     }
     crc
+}
+
+#[cfg(test)]
+mod poison_tests {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::sync::Arc;
+
+    use tally_media::{Device, MemDevice};
+
+    use super::*;
+
+    fn open() -> Log {
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 4096).unwrap());
+        Log::format(&*dev, &LogConfig { streams: 2, segment_blocks: 64, ..LogConfig::default() })
+            .unwrap();
+        Log::open(dev, OpenOptions::default()).unwrap().0
+    }
+
+    fn refused<T: std::fmt::Debug>(what: &str, r: Result<T>) {
+        assert!(
+            matches!(&r, Err(LogError::Failed { first_error }) if first_error == POISONED),
+            "{what} after a panic holding a log lock: {r:?}"
+        );
+    }
+
+    /// A panic while a stream's lock (or the log's own) is held leaves the log failed: every
+    /// commit, sync, checkpoint and clean close is refused, as after an I/O error (was: the
+    /// poison ignored and the half-changed state written on).
+    #[test]
+    fn a_panic_holding_a_log_lock_fails_the_log() {
+        for which in ["stream", "space"] {
+            let log = open();
+            let mut tx = Transaction::new(0);
+            tx.record(b"before".to_vec());
+            let before = log.commit(tx).unwrap();
+            let panicked = catch_unwind(AssertUnwindSafe(|| {
+                let _held = (which == "stream").then(|| lock(&log.streams[1]));
+                let _space = (which == "space").then(|| lock(&log.space));
+                panic!("injected bug while holding the {which} lock");
+            }));
+            assert!(panicked.is_err());
+            let mut tx = Transaction::new(0);
+            tx.record(b"after".to_vec());
+            refused("commit", log.commit(tx));
+            refused("sync", log.sync());
+            refused("checkpoint", log.checkpoint(0, before.ticket.seq));
+            refused("write_out", log.write_out());
+            refused("close_clean", log.close_clean(b"snapshot"));
+        }
+    }
 }

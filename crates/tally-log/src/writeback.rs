@@ -152,6 +152,10 @@ impl Writer {
     }
 
     pub(crate) fn check_failed(&self) -> Result<()> {
+        // A panic while a stream's lock was held (a bug): fail-stop, the flusher included.
+        if self.failed.is_poisoned() || self.streams.iter().any(Mutex::is_poisoned) {
+            return Err(LogError::Failed { first_error: crate::engine::POISONED.into() });
+        }
         match &*lock(&self.failed) {
             Some(first_error) => Err(LogError::Failed { first_error: first_error.clone() }),
             None => Ok(()),
@@ -249,7 +253,8 @@ impl Writer {
             let writes = merge(batch, self.block_size);
             let ranges = writes.iter().map(|w| (w.block, w.data.len() as u64 / bs)).collect();
             self.write_outs.fetch_add(1, Ordering::Relaxed);
-            let result = self.dev.submit(writes, WriteFlags::NONE);
+            let stream = u16::try_from(s).unwrap_or(u16::MAX);
+            let result = self.dev.submit_stream(stream, writes, WriteFlags::NONE);
             st = lock(&self.streams[s]);
             st.submitting = false;
             self.stream_cv[s].notify_all();
