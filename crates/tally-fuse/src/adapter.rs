@@ -1,4 +1,8 @@
-//! The FUSE request handlers: each maps one kernel request to one `tally-fs` call.
+//! The file system's operations as the kernel asks for them: each maps one kernel request to
+//! one `tally-fs` call and returns a typed answer (an entry, attributes, data, an open
+//! handle, …) or an errno. Two transports carry requests and answers: fuser's `/dev/fuse`
+//! loop (`adapter/fuser_glue.rs`) and FUSE over io_uring (`ring/`); neither holds any logic
+//! of its own beyond encoding.
 //!
 //! Invariants:
 //! - the adapter keeps no file-system state of its own: no inode table, no lookup counts, no
@@ -13,6 +17,8 @@
 //! - every changing request runs in the caller's transaction when it is bound to one
 //!   ([`TallyFuse::change`]), and as a plain operation otherwise;
 //! - every failure reaches the kernel through [`errno`], the one mapping;
+//! - every request is counted once, under its opcode, by the operation that serves it, whichever
+//!   transport brought it (`requests.rs`);
 //! - no request can panic the daemon: each call into the file system runs under
 //!   `catch_unwind`; a panic (a bug) answers `EIO` and stops the adapter (fail-stop: every later
 //!   request gets `EIO`, and unmount writes no snapshot, so the next mount replays the log);
@@ -22,17 +28,14 @@
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    IoctlFlags, KernelConfig, LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, INodeNo, InitFlags, KernelConfig, Notifier,
+    RenameFlags, TimeOrNow,
 };
 use tally_client::ioctl;
 use tally_fs::{
@@ -40,13 +43,14 @@ use tally_fs::{
 };
 
 use crate::attr::{absent_attr, file_attr, file_type, mknod_kind, perm, set_time, timespec};
-use crate::errno::{errno, Failure};
+use crate::errno::{Failure, errno};
 use crate::privs::truncate_drops_bits;
 use crate::requests::{Opcode, RequestCounts};
 use crate::session::MountConfig;
 use crate::txns::{End, FuseMutant, Txns};
 
 mod f2fs;
+pub(crate) mod fuser_glue;
 
 /// How the last unmount of the file system went.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,12 +88,86 @@ const FILE_OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE.union(FopenFlag
 /// directory changes through the mount, or by an abort's invalidation).
 const DIR_OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE.union(FopenFlags::FOPEN_CACHE_DIR);
 
-/// The file system as the kernel sees it.
+/// Who sent a request: the owner of what it creates, the process its transaction is found by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+/// A name's entry: its attributes and how long the kernel may keep each (a negative entry has
+/// inode 0).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub attr: FileAttr,
+    pub attr_ttl: Duration,
+    pub entry_ttl: Duration,
+}
+
+/// Attributes and how long the kernel may keep them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AttrOut {
+    pub attr: FileAttr,
+    pub ttl: Duration,
+}
+
+/// An open file or directory: its handle and how the kernel treats it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Opened {
+    pub fh: FileHandle,
+    pub flags: FopenFlags,
+}
+
+/// The answer to `statfs`, as the kernel's `struct fuse_kstatfs` has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StatfsOut {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+    pub frsize: u32,
+}
+
+/// The answer to `getxattr`/`listxattr`: the size the caller asked for (buffer size 0), or the
+/// bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum XattrOut {
+    Size(u32),
+    Data(Vec<u8>),
+}
+
+/// One name of a directory listing; `offset` is the cookie of the name after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DirEntryOut {
+    pub ino: u64,
+    pub offset: u64,
+    pub kind: FileType,
+    pub name: Vec<u8>,
+}
+
+/// What `setattr` asks to change.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SetattrIn {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeOrNow>,
+    pub mtime: Option<TimeOrNow>,
+    pub ctime: Option<SystemTime>,
+    pub fh: Option<FileHandle>,
+}
+
+/// The file system as the kernel sees it, shared by every request thread of both transports.
 pub struct TallyFuse {
-    /// `None` once `destroy` has unmounted it.
-    fs: Option<Arc<Fs>>,
+    /// `None` once unmounted ([`TallyFuse::destroy`]).
+    fs: RwLock<Option<Arc<Fs>>>,
     /// Background durability and cleaning while mounted; stopped before unmount.
-    maintenance: Option<Maintenance>,
+    maintenance: Mutex<Option<Maintenance>>,
     /// How long the kernel may cache attributes.
     attr_timeout: Duration,
     /// How long the kernel may cache names.
@@ -98,12 +176,19 @@ pub struct TallyFuse {
     negative_timeout: Duration,
     /// The kernel leaves the dropping of set-user-ID bits and capabilities to the file system
     /// (`FUSE_HANDLE_KILLPRIV_V2`, set at `init`).
-    drops_privs: bool,
+    drops_privs: AtomicBool,
+    /// The kernel offered FUSE over io_uring at `init` (it does when its `fuse` module has
+    /// `enable_uring` on), and the adapter asked for it ([`TallyFuse::want_ring`]).
+    ring_accepted: AtomicBool,
+    /// Ask for FUSE over io_uring at `init` if the kernel offers it.
+    want_ring: bool,
     /// Set once the session exists: how the adapter tells the kernel what it changed behind
     /// its back.
     notifier: Arc<OnceLock<Notifier>>,
     /// Set after a panic inside the file system: every later request fails with `EIO`.
     stopped: AtomicBool,
+    /// Set by the first [`TallyFuse::destroy`].
+    destroyed: AtomicBool,
     outcome: OutcomeSlot,
     /// Explicit transactions begun by ioctl.
     txns: Txns,
@@ -142,14 +227,17 @@ impl TallyFuse {
         let fs = Arc::new(fs);
         let maintenance = Some(Maintenance::spawn(&fs, cfg.maintenance_interval));
         TallyFuse {
-            fs: Some(fs),
-            maintenance,
+            fs: RwLock::new(Some(fs)),
+            maintenance: Mutex::new(maintenance),
             attr_timeout: cfg.attr_timeout,
             entry_timeout: cfg.entry_timeout,
             negative_timeout: cfg.negative_timeout,
-            drops_privs: false,
+            drops_privs: AtomicBool::new(false),
+            ring_accepted: AtomicBool::new(false),
+            want_ring: false,
             notifier,
             stopped: AtomicBool::new(false),
+            destroyed: AtomicBool::new(false),
             outcome,
             txns,
             next_fh: AtomicU64::new(1),
@@ -161,22 +249,28 @@ impl TallyFuse {
         }
     }
 
+    fn drops_privs(&self) -> bool {
+        self.drops_privs.load(Ordering::Relaxed)
+    }
+
     /// Run a changing request, inside the caller's transaction when it is bound to one;
     /// `inodes` and `entries` are what it may change (dropped from the kernel's caches if the
     /// transaction aborts).
     fn change<T>(
         &self,
-        req: &Request,
+        who: Caller,
         op: &'static str,
         inodes: &[u64],
-        entries: &[(u64, &OsStr)],
+        entries: &[(u64, &[u8])],
         f: impl FnOnce(&Fs, Option<&Txn>) -> Result<T, Failure>,
     ) -> Result<T, Errno> {
-        let bound = self.txns.route(req.pid());
+        let bound = self.txns.route(who.pid);
         let guard = bound.as_ref().map(|b| b.read());
         let txn = guard.as_ref().and_then(|g| g.as_ref());
         if let (Some(b), Some(_)) = (&bound, txn) {
-            b.touch(inodes, entries);
+            let entries: Vec<(u64, &OsStr)> =
+                entries.iter().map(|&(d, n)| (d, OsStr::from_bytes(n))).collect();
+            b.touch(inodes, &entries);
         }
         self.call(op, |fs| f(fs, txn))
     }
@@ -211,14 +305,14 @@ impl TallyFuse {
     /// owns if any, else as `change` routes it.
     fn change_through<T>(
         &self,
-        req: &Request,
+        who: Caller,
         fh: Option<FileHandle>,
         op: &'static str,
         inodes: &[u64],
         f: impl FnOnce(&Fs, Option<&Txn>) -> Result<T, Failure>,
     ) -> Result<T, Errno> {
         let Some(bound) = fh.and_then(|fh| self.txns.route_handle(fh.0)) else {
-            return self.change(req, op, inodes, &[], f);
+            return self.change(who, op, inodes, &[], f);
         };
         let guard = bound.read();
         let txn = guard.as_ref();
@@ -246,11 +340,13 @@ impl TallyFuse {
         op: &'static str,
         f: impl FnOnce(&Fs) -> Result<T, Failure>,
     ) -> Result<T, Errno> {
-        let fs = match &self.fs {
+        // A clone, so unmount (which takes the file system out) never waits for a request.
+        let fs = self.fs.read().unwrap_or_else(PoisonError::into_inner).clone();
+        let fs = match fs {
             Some(fs) if !self.stopped.load(Ordering::Acquire) => fs,
             _ => return Err(errno(&Failure::Stopped)),
         };
-        match catch_unwind(AssertUnwindSafe(|| f(fs))) {
+        match catch_unwind(AssertUnwindSafe(|| f(&fs))) {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(failure)) => {
                 match &failure {
@@ -288,13 +384,18 @@ impl TallyFuse {
         file_attr(a, allocated, fs.block_size())
     }
 
-    fn reply_entry(&self, reply: ReplyEntry, result: Result<FileAttr, Errno>) {
-        match result {
-            Ok(attr) => {
-                reply.entry_with_ttls(&self.attr_timeout, &self.entry_timeout, &attr, Generation(0))
-            }
-            Err(e) => reply.error(e),
-        }
+    fn entry(&self, attr: FileAttr) -> Entry {
+        Entry { attr, attr_ttl: self.attr_timeout, entry_ttl: self.entry_timeout }
+    }
+
+    /// An entry whose attributes and name share one timeout (`create`, `readdirplus`).
+    fn entry_one_ttl(&self, attr: FileAttr) -> Entry {
+        let ttl = self.attr_timeout.min(self.entry_timeout);
+        Entry { attr, attr_ttl: ttl, entry_ttl: ttl }
+    }
+
+    fn attr_out(&self, attr: FileAttr) -> AttrOut {
+        AttrOut { attr, ttl: self.attr_timeout }
     }
 
     /// Tell the kernel that `ino`'s attributes changed behind its back (its pages are left).
@@ -310,17 +411,27 @@ impl TallyFuse {
         }
     }
 
-    fn reply_empty(reply: ReplyEmpty, result: Result<(), Errno>) {
-        match result {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
+    /// Unmount the file system once (later calls do nothing): log the request counts, stop
+    /// maintenance, write the snapshot, and leave the outcome for whoever runs the session.
+    pub(crate) fn destroy(&self) {
+        if self.destroyed.swap(true, Ordering::AcqRel) {
+            return;
         }
+        tracing::info!("FUSE requests since mount: {}", self.requests.snapshot());
+        let outcome = self.unmount();
+        match &outcome {
+            Unmounted::Clean => tracing::info!("unmounted cleanly, snapshot written"),
+            Unmounted::WithoutSnapshot(why) => tracing::warn!("unmounted without snapshot: {why}"),
+            Unmounted::Failed(why) => tracing::error!("unmount failed: {why}"),
+        }
+        *self.outcome.lock().unwrap_or_else(PoisonError::into_inner) = Some(outcome);
     }
 
     /// Unmount the file system: stop maintenance, then write the snapshot.
-    fn unmount(&mut self) -> Unmounted {
-        drop(self.maintenance.take());
-        let Some(fs) = self.fs.take() else {
+    fn unmount(&self) -> Unmounted {
+        drop(self.maintenance.lock().unwrap_or_else(PoisonError::into_inner).take());
+        let taken = self.fs.write().unwrap_or_else(PoisonError::into_inner).take();
+        let Some(fs) = taken else {
             return Unmounted::WithoutSnapshot("already unmounted".into());
         };
         // Open handles (and so transactions) outlive a lazy unmount; nobody can commit them now.
@@ -359,16 +470,14 @@ fn page_size() -> u64 {
 }
 
 /// The caller, as the owner of what it creates.
-fn owner(req: &Request) -> Owner {
-    Owner { uid: req.uid(), gid: req.gid() }
+fn owner(who: Caller) -> Owner {
+    Owner { uid: who.uid, gid: who.gid }
 }
 
-fn name(n: &OsStr) -> &[u8] {
-    n.as_bytes()
-}
-
-impl Filesystem for TallyFuse {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+/// The operations, one per request kind the adapter serves.
+impl TallyFuse {
+    /// Choose what to ask of the kernel at `INIT` (the `/dev/fuse` handshake, fuser's).
+    pub(crate) fn init(&self, config: &mut KernelConfig) {
         // Each is asked for alone: an older kernel without one is served all the same.
         let wanted = [
             // Lookups and creates in one directory may run in parallel: the file system
@@ -390,202 +499,161 @@ impl Filesystem for TallyFuse {
                 tracing::info!("the kernel does not offer {flag:?}: {without}");
             }
         }
-        self.drops_privs = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2).is_ok();
+        let drops_privs = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2).is_ok();
+        self.drops_privs.store(drops_privs, Ordering::Relaxed);
+        // The kernel offers it only while its `fuse` module has `enable_uring` on; taken, the
+        // kernel still sends requests through /dev/fuse until every queue has ring entries
+        // (`ring/`), and FORGET and INTERRUPT always.
+        let ring = self.want_ring && config.add_capabilities(InitFlags::FUSE_OVER_IO_URING).is_ok();
+        self.ring_accepted.store(ring, Ordering::Release);
         // fuser asks for the largest writes its buffers take (16 MiB) and for FUSE_MAX_PAGES;
         // the kernel caps every request at fs.fuse.max_pages_limit pages (root may raise it).
         let limit = std::fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit")
             .map_or_else(|_| "?".to_owned(), |s| s.trim().to_owned());
         tracing::info!(
-            drops_privs = self.drops_privs,
+            drops_privs,
+            io_uring = ring,
             "FUSE ABI {:?}; requests up to fs.fuse.max_pages_limit = {limit} pages",
             config.kernel_abi()
         );
-        Ok(())
     }
 
-    fn destroy(&mut self) {
-        tracing::info!("FUSE requests since mount: {}", self.requests.snapshot());
-        let outcome = self.unmount();
-        match &outcome {
-            Unmounted::Clean => tracing::info!("unmounted cleanly, snapshot written"),
-            Unmounted::WithoutSnapshot(why) => tracing::warn!("unmounted without snapshot: {why}"),
-            Unmounted::Failed(why) => tracing::error!("unmount failed: {why}"),
-        }
-        *self.outcome.lock().unwrap_or_else(PoisonError::into_inner) = Some(outcome);
-    }
-
-    fn lookup(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+    pub(crate) fn lookup(&self, parent: u64, name: &[u8]) -> Result<Entry, Errno> {
         self.requests.count(Opcode::Lookup);
-        let r = self.call("lookup", |fs| Ok(Self::attr_of(fs, &fs.lookup(parent.0, name(n))?)));
+        let r = self.call("lookup", |fs| Ok(Self::attr_of(fs, &fs.lookup(parent, name)?)));
         match r {
             // An entry for inode 0 is the kernel's negative entry: "no such name", remembered
             // for its timeout (an ENOENT error is not remembered at all).
-            Err(e) if e.code() == libc::ENOENT && !self.negative_timeout.is_zero() => reply
-                .entry_with_ttls(
-                    &Duration::ZERO,
-                    &self.negative_timeout,
-                    &absent_attr(),
-                    Generation(0),
-                ),
-            r => self.reply_entry(reply, r),
+            Err(e) if e.code() == libc::ENOENT && !self.negative_timeout.is_zero() => Ok(Entry {
+                attr: absent_attr(),
+                attr_ttl: Duration::ZERO,
+                entry_ttl: self.negative_timeout,
+            }),
+            r => r.map(|attr| self.entry(attr)),
         }
     }
 
-    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+    pub(crate) fn forget(&self, ino: u64) {
         // The file system keeps no lookup counts: inode numbers stay valid while it lives.
         self.requests.count(Opcode::Forget);
-        self.patchy().remove(&ino.0);
+        self.patchy().remove(&ino);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    pub(crate) fn getattr(&self, ino: u64) -> Result<AttrOut, Errno> {
         self.requests.count(Opcode::Getattr);
-        match self.call("getattr", |fs| Ok(Self::attr_of(fs, &fs.getattr(ino.0)?))) {
-            Ok(attr) => reply.attr(&self.attr_timeout, &attr),
-            Err(e) => reply.error(e),
-        }
+        let attr = self.call("getattr", |fs| Ok(Self::attr_of(fs, &fs.getattr(ino)?)))?;
+        Ok(self.attr_out(attr))
     }
 
-    fn setattr(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        ctime: Option<SystemTime>,
-        fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
+    pub(crate) fn setattr(&self, who: Caller, ino: u64, s: &SetattrIn) -> Result<AttrOut, Errno> {
         self.requests.count(Opcode::Setattr);
         let set = SetAttr {
-            perm: mode.map(perm),
-            uid,
-            gid,
-            size,
-            atime: atime.map(set_time),
-            mtime: mtime.map(set_time),
-            ctime: ctime.map(timespec),
+            perm: s.mode.map(perm),
+            uid: s.uid,
+            gid: s.gid,
+            size: s.size,
+            atime: s.atime.map(set_time),
+            mtime: s.mtime.map(set_time),
+            ctime: s.ctime.map(timespec),
         };
-        let r = self.change_through(req, fh, "setattr", &[ino.0], |fs, tx| {
-            let a = if self.drops_privs && (uid.is_some() || gid.is_some() || size.is_some()) {
+        let attr = self.change_through(who, s.fh, "setattr", &[ino], |fs, tx| {
+            let a = if self.drops_privs()
+                && (s.uid.is_some() || s.gid.is_some() || s.size.is_some())
+            {
                 // A truncate drops the bits only for a caller without CAP_FSETID (the kernel
                 // says so in FATTR_KILL_SUIDGID, which fuser does not pass on); a chown
                 // drops them whoever asks.
-                let bits =
-                    size.is_some() && truncate_drops_bits(fs.getattr(ino.0)?.perm, req.pid());
-                fs.setattr_dropping_privs(tx, ino.0, &set, bits)?
+                let bits = s.size.is_some() && truncate_drops_bits(fs.getattr(ino)?.perm, who.pid);
+                fs.setattr_dropping_privs(tx, ino, &set, bits)?
             } else {
-                fs.setattr(tx, ino.0, &set)?
+                fs.setattr(tx, ino, &set)?
             };
             Ok(Self::attr_of(fs, &a))
-        });
-        match r {
-            Ok(attr) => reply.attr(&self.attr_timeout, &attr),
-            Err(e) => reply.error(e),
-        }
+        })?;
+        Ok(self.attr_out(attr))
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+    pub(crate) fn readlink(&self, ino: u64) -> Result<Vec<u8>, Errno> {
         self.requests.count(Opcode::Readlink);
-        match self.call("readlink", |fs| Ok(fs.readlink(ino.0)?)) {
-            Ok(target) => reply.data(&target),
-            Err(e) => reply.error(e),
-        }
+        self.call("readlink", |fs| Ok(fs.readlink(ino)?))
     }
 
-    fn mknod(
+    pub(crate) fn mknod(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        n: &OsStr,
+        who: Caller,
+        parent: u64,
+        name: &[u8],
         mode: u32,
-        _umask: u32,
         rdev: u32,
-        reply: ReplyEntry,
-    ) {
+    ) -> Result<Entry, Errno> {
         self.requests.count(Opcode::Mknod);
-        let r = self.change(req, "mknod", &[], &[(parent.0, n)], |fs, tx| {
+        let attr = self.change(who, "mknod", &[], &[(parent, name)], |fs, tx| {
             let kind = mknod_kind(mode)
                 .ok_or(FsError::Invalid("mknod makes files, fifos, sockets and device nodes"))?;
-            let a =
-                fs.mknod(tx, parent.0, name(n), kind, perm(mode), u64::from(rdev), owner(req))?;
+            let a = fs.mknod(tx, parent, name, kind, perm(mode), u64::from(rdev), owner(who))?;
             Ok(Self::attr_of(fs, &a))
-        });
-        self.reply_entry(reply, r);
+        })?;
+        Ok(self.entry(attr))
     }
 
-    fn mkdir(
+    pub(crate) fn mkdir(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        n: &OsStr,
+        who: Caller,
+        parent: u64,
+        name: &[u8],
         mode: u32,
-        _umask: u32,
-        reply: ReplyEntry,
-    ) {
+    ) -> Result<Entry, Errno> {
         self.requests.count(Opcode::Mkdir);
-        let r = self.change(req, "mkdir", &[], &[(parent.0, n)], |fs, tx| {
-            Ok(Self::attr_of(fs, &fs.mkdir(tx, parent.0, name(n), perm(mode), owner(req))?))
-        });
-        self.reply_entry(reply, r);
+        let attr = self.change(who, "mkdir", &[], &[(parent, name)], |fs, tx| {
+            Ok(Self::attr_of(fs, &fs.mkdir(tx, parent, name, perm(mode), owner(who))?))
+        })?;
+        Ok(self.entry(attr))
     }
 
-    fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+    pub(crate) fn unlink(&self, who: Caller, parent: u64, name: &[u8]) -> Result<(), Errno> {
         self.requests.count(Opcode::Unlink);
-        let inodes = self.child_of(parent, n);
-        let r = self.change(req, "unlink", &inodes, &[(parent.0, n)], |fs, tx| {
-            Ok(fs.unlink(tx, parent.0, name(n))?)
-        });
-        Self::reply_empty(reply, r);
+        let inodes = self.child_of(parent, name);
+        self.change(who, "unlink", &inodes, &[(parent, name)], |fs, tx| {
+            Ok(fs.unlink(tx, parent, name)?)
+        })
     }
 
-    fn rmdir(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+    pub(crate) fn rmdir(&self, who: Caller, parent: u64, name: &[u8]) -> Result<(), Errno> {
         self.requests.count(Opcode::Rmdir);
-        let inodes = self.child_of(parent, n);
-        let r = self.change(req, "rmdir", &inodes, &[(parent.0, n)], |fs, tx| {
-            Ok(fs.rmdir(tx, parent.0, name(n))?)
-        });
-        Self::reply_empty(reply, r);
+        let inodes = self.child_of(parent, name);
+        self.change(who, "rmdir", &inodes, &[(parent, name)], |fs, tx| {
+            Ok(fs.rmdir(tx, parent, name)?)
+        })
     }
 
-    fn symlink(
+    pub(crate) fn symlink(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        link_name: &OsStr,
-        target: &Path,
-        reply: ReplyEntry,
-    ) {
+        who: Caller,
+        parent: u64,
+        link_name: &[u8],
+        target: &[u8],
+    ) -> Result<Entry, Errno> {
         self.requests.count(Opcode::Symlink);
-        let r = self.change(req, "symlink", &[], &[(parent.0, link_name)], |fs, tx| {
-            let target = target.as_os_str().as_bytes();
-            Ok(Self::attr_of(fs, &fs.symlink(tx, parent.0, name(link_name), target, owner(req))?))
-        });
-        self.reply_entry(reply, r);
+        let attr = self.change(who, "symlink", &[], &[(parent, link_name)], |fs, tx| {
+            Ok(Self::attr_of(fs, &fs.symlink(tx, parent, link_name, target, owner(who))?))
+        })?;
+        Ok(self.entry(attr))
     }
 
-    fn rename(
+    pub(crate) fn rename(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        n: &OsStr,
-        newparent: INodeNo,
-        newname: &OsStr,
+        who: Caller,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
         flags: RenameFlags,
-        reply: ReplyEmpty,
-    ) {
+    ) -> Result<(), Errno> {
         self.requests.count(Opcode::Rename);
-        let mut inodes = self.child_of(parent, n);
+        let mut inodes = self.child_of(parent, name);
         inodes.extend(self.child_of(newparent, newname));
-        let entries = [(parent.0, n), (newparent.0, newname)];
-        let r = self.change(req, "rename", &inodes, &entries, |fs, tx| {
+        let entries = [(parent, name), (newparent, newname)];
+        self.change(who, "rename", &inodes, &entries, |fs, tx| {
             let known = RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE;
             if flags.contains(RenameFlags::RENAME_WHITEOUT) {
                 return Err(Failure::Unsupported("RENAME_WHITEOUT"));
@@ -597,205 +665,138 @@ impl Filesystem for TallyFuse {
                 noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
                 exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
             };
-            Ok(fs.rename(tx, parent.0, name(n), newparent.0, name(newname), how)?)
-        });
-        Self::reply_empty(reply, r);
+            Ok(fs.rename(tx, parent, name, newparent, newname, how)?)
+        })
     }
 
-    fn link(
+    pub(crate) fn link(
         &self,
-        req: &Request,
-        ino: INodeNo,
-        newparent: INodeNo,
-        newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
+        who: Caller,
+        ino: u64,
+        newparent: u64,
+        newname: &[u8],
+    ) -> Result<Entry, Errno> {
         self.requests.count(Opcode::Link);
-        let r = self.change(req, "link", &[ino.0], &[(newparent.0, newname)], |fs, tx| {
-            Ok(Self::attr_of(fs, &fs.link(tx, ino.0, newparent.0, name(newname))?))
-        });
-        self.reply_entry(reply, r);
+        let attr = self.change(who, "link", &[ino], &[(newparent, newname)], |fs, tx| {
+            Ok(Self::attr_of(fs, &fs.link(tx, ino, newparent, newname)?))
+        })?;
+        Ok(self.entry(attr))
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, open_flags: OpenFlags, reply: ReplyOpen) {
+    pub(crate) fn open(&self, ino: u64, open_flags: i32) -> Result<Opened, Errno> {
         self.requests.count(Opcode::Open);
-        match self.call("open", |fs| Ok(fs.open(ino.0)?)) {
-            Ok(()) => {
-                let (writable, mut flags) = Self::file_open_flags(open_flags.0);
-                if self.patchy().remove(&ino.0) {
-                    flags.remove(FopenFlags::FOPEN_KEEP_CACHE);
-                }
-                reply.opened(self.fh(writable), flags);
-            }
-            Err(e) => reply.error(e),
+        self.call("open", |fs| Ok(fs.open(ino)?))?;
+        let (writable, mut flags) = Self::file_open_flags(open_flags);
+        if self.patchy().remove(&ino) {
+            flags.remove(FopenFlags::FOPEN_KEEP_CACHE);
         }
+        Ok(Opened { fh: self.fh(writable), flags })
     }
 
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
+    pub(crate) fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
         self.requests.count(Opcode::Read);
         let len = usize::try_from(size).unwrap_or(usize::MAX);
-        match self.call("read", |fs| Ok(fs.read(ino.0, offset, len)?)) {
-            Ok(data) => reply.data(&data),
-            Err(e) => reply.error(e),
-        }
+        self.call("read", |fs| Ok(fs.read(ino, offset, len)?))
     }
 
-    fn write(
+    /// `kill_suidgid`: the kernel's `FUSE_WRITE_KILL_SUIDGID`, set when the writer lacks
+    /// `CAP_FSETID`. Returns the bytes written.
+    pub(crate) fn write(
         &self,
-        req: &Request,
-        ino: INodeNo,
+        who: Caller,
+        ino: u64,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
+        kill_suidgid: bool,
+    ) -> Result<u32, Errno> {
         self.requests.count(Opcode::Write);
-        // Set by the kernel when the writer lacks CAP_FSETID.
-        let bits = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         if !offset.is_multiple_of(self.page_size) {
             // The page at `offset` is written in two pieces (this one and an earlier one, or
             // none: a hole): the kernel keeps it out of date.
-            self.patchy().insert(ino.0);
+            self.patchy().insert(ino);
         }
-        let r = self.change_through(req, Some(fh), "write", &[ino.0], |fs, tx| {
-            if self.drops_privs {
-                Ok(fs.write_dropping_privs(tx, ino.0, offset, data, bits)?)
+        let (n, perm_dropped) = self.change_through(who, Some(fh), "write", &[ino], |fs, tx| {
+            if self.drops_privs() {
+                Ok(fs.write_dropping_privs(tx, ino, offset, data, kill_suidgid)?)
             } else {
-                Ok((fs.write(tx, ino.0, offset, data)?, false))
+                Ok((fs.write(tx, ino, offset, data)?, false))
             }
-        });
-        match r {
-            Ok((n, perm_dropped)) => {
-                // The kernel keeps the mode it cached (it drops only sizes and times after a
-                // write) and checks permissions, exec's set-user-ID included, against it.
-                if perm_dropped {
-                    self.attributes_changed(ino.0);
-                }
-                // A write is at most the kernel's max_write (far below 4 GiB).
-                reply.written(u32::try_from(n).unwrap_or(u32::MAX));
-            }
-            Err(e) => reply.error(e),
+        })?;
+        // The kernel keeps the mode it cached (it drops only sizes and times after a write)
+        // and checks permissions, exec's set-user-ID included, against it.
+        if perm_dropped {
+            self.attributes_changed(ino);
         }
+        // A write is at most the kernel's max_write (far below 4 GiB).
+        Ok(u32::try_from(n).unwrap_or(u32::MAX))
     }
 
-    fn flush(
-        &self,
-        req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
+    pub(crate) fn flush(&self, who: Caller, fh: FileHandle) -> Result<(), Errno> {
         self.requests.count(Opcode::Flush);
         // Nothing is buffered here: every write is already a committed transaction. close()
         // does not make data durable on Tally, as on ext4; fsync does. Sent for files open
         // for writing (and by kernels that ignore FOPEN_NOFLUSH): the kernel drops the
         // caller's POSIX locks after this returns, so an atomic write its dying process left
         // open ends here, before another process can lock the file and read it.
-        let r = self.call("flush", |fs| self.txns.abort_if_exiting(fs, fh.0, req.pid()));
+        let r = self.call("flush", |fs| self.txns.abort_if_exiting(fs, fh.0, who.pid));
         if r == Ok(true) {
             tracing::info!(fh = fh.0, "atomic write aborted: its process died with it open");
         }
-        Self::reply_empty(reply, r.map(|_| ()));
+        r.map(|_| ())
     }
 
-    fn release(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
+    pub(crate) fn release(&self, ino: u64, fh: FileHandle) -> Result<(), Errno> {
         self.requests.count(Opcode::Release);
         self.abort_owned(fh);
-        Self::reply_empty(reply, self.call("release", |fs| Ok(fs.release(ino.0)?)));
+        self.call("release", |fs| Ok(fs.release(ino)?))
     }
 
-    fn fsync(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        datasync: bool,
-        reply: ReplyEmpty,
-    ) {
+    pub(crate) fn fsync(&self, ino: u64, datasync: bool) -> Result<(), Errno> {
         self.requests.count(Opcode::Fsync);
-        let r = self.call("fsync", |fs| {
-            if datasync { fs.fdatasync(ino.0) } else { fs.fsync(ino.0) }.map_err(Into::into)
-        });
-        Self::reply_empty(reply, r);
+        self.call("fsync", |fs| {
+            if datasync { fs.fdatasync(ino) } else { fs.fsync(ino) }.map_err(Into::into)
+        })
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    pub(crate) fn opendir(&self, ino: u64) -> Result<Opened, Errno> {
         self.requests.count(Opcode::Opendir);
-        match self.call("opendir", |fs| Ok(fs.open(ino.0)?)) {
-            Ok(()) => reply.opened(self.fh(false), DIR_OPEN_FLAGS),
-            Err(e) => reply.error(e),
-        }
+        self.call("opendir", |fs| Ok(fs.open(ino)?))?;
+        Ok(Opened { fh: self.fh(false), flags: DIR_OPEN_FLAGS })
     }
 
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
+    /// The names of directory `ino` from cookie `offset` on (the transport sends as many as
+    /// the kernel's buffer takes).
+    pub(crate) fn readdir(&self, ino: u64, offset: u64) -> Result<Vec<DirEntryOut>, Errno> {
         self.requests.count(Opcode::Readdir);
         // The library's offsets are the cookies: 1 is ".", 2 is "..", entries from 3 on, stable
         // across other entries coming and going.
-        match self.call("readdir", |fs| Ok(fs.readdir(ino.0, offset)?)) {
-            Ok(entries) => {
-                for e in entries {
-                    let full = reply.add(
-                        INodeNo(e.ino),
-                        e.offset,
-                        file_type(e.kind),
-                        OsStr::from_bytes(&e.name),
-                    );
-                    if full {
-                        break;
-                    }
-                }
-                reply.ok();
-            }
-            Err(e) => reply.error(e),
-        }
+        let entries = self.call("readdir", |fs| Ok(fs.readdir(ino, offset)?))?;
+        Ok(entries
+            .into_iter()
+            .map(|e| DirEntryOut {
+                ino: e.ino,
+                offset: e.offset,
+                kind: file_type(e.kind),
+                name: e.name,
+            })
+            .collect())
     }
 
-    fn readdirplus(
+    /// As [`TallyFuse::readdir`], with each name's entry.
+    pub(crate) fn readdirplus(
         &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
+        ino: u64,
         offset: u64,
-        mut reply: ReplyDirectoryPlus,
-    ) {
+    ) -> Result<Vec<(DirEntryOut, Entry)>, Errno> {
         self.requests.count(Opcode::Readdirplus);
         // As readdir, with each entry's attributes: the kernel makes an entry of each ("." and
         // ".." excepted), so no LOOKUP follows for a listed name.
-        let r = self.call("readdirplus", |fs| {
+        let listed = self.call("readdirplus", |fs| {
             let mut out = Vec::new();
-            for e in fs.readdir(ino.0, offset)? {
+            for e in fs.readdir(ino, offset)? {
                 let attr = match e.name.as_slice() {
-                    b"." | b".." => fs.lookup(ino.0, &e.name),
+                    b"." | b".." => fs.lookup(ino, &e.name),
                     _ => fs.getattr(e.ino),
                 };
                 match attr {
@@ -806,80 +807,58 @@ impl Filesystem for TallyFuse {
                 }
             }
             Ok(out)
-        });
-        match r {
-            Ok(entries) => {
-                // One timeout for the entry and the attributes here.
-                let ttl = self.attr_timeout.min(self.entry_timeout);
-                for (e, attr) in entries {
-                    let name = OsStr::from_bytes(&e.name);
-                    if reply.add(INodeNo(e.ino), e.offset, name, &ttl, &attr, Generation(0)) {
-                        break;
-                    }
-                }
-                reply.ok();
-            }
-            Err(e) => reply.error(e),
-        }
+        })?;
+        Ok(listed
+            .into_iter()
+            .map(|(e, attr)| {
+                let d = DirEntryOut {
+                    ino: e.ino,
+                    offset: e.offset,
+                    kind: file_type(e.kind),
+                    name: e.name,
+                };
+                (d, self.entry_one_ttl(attr))
+            })
+            .collect())
     }
 
-    fn releasedir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
+    pub(crate) fn releasedir(&self, ino: u64, fh: FileHandle) -> Result<(), Errno> {
         self.requests.count(Opcode::Releasedir);
         self.abort_owned(fh);
-        Self::reply_empty(reply, self.call("releasedir", |fs| Ok(fs.release(ino.0)?)));
+        self.call("releasedir", |fs| Ok(fs.release(ino)?))
     }
 
-    fn fsyncdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
+    pub(crate) fn fsyncdir(&self, ino: u64) -> Result<(), Errno> {
         self.requests.count(Opcode::Fsyncdir);
-        Self::reply_empty(reply, self.call("fsyncdir", |fs| Ok(fs.fsync(ino.0)?)));
+        self.call("fsyncdir", |fs| Ok(fs.fsync(ino)?))
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+    pub(crate) fn statfs(&self) -> Result<StatfsOut, Errno> {
         self.requests.count(Opcode::Statfs);
-        match self.call("statfs", |fs| Ok(fs.statfs())) {
-            Ok(s) => {
-                let files = s.files.saturating_add(s.files_free);
-                reply.statfs(
-                    s.blocks,
-                    s.blocks_free,
-                    s.blocks_free,
-                    files,
-                    s.files_free,
-                    s.block_size,
-                    s.name_max,
-                    s.block_size,
-                );
-            }
-            Err(e) => reply.error(e),
-        }
+        let s = self.call("statfs", |fs| Ok(fs.statfs()))?;
+        Ok(StatfsOut {
+            blocks: s.blocks,
+            bfree: s.blocks_free,
+            bavail: s.blocks_free,
+            files: s.files.saturating_add(s.files_free),
+            ffree: s.files_free,
+            bsize: s.block_size,
+            namelen: s.name_max,
+            frsize: s.block_size,
+        })
     }
 
-    fn setxattr(
+    pub(crate) fn setxattr(
         &self,
-        req: &Request,
-        ino: INodeNo,
-        n: &OsStr,
+        who: Caller,
+        ino: u64,
+        name: &[u8],
         value: &[u8],
         flags: i32,
         position: u32,
-        reply: ReplyEmpty,
-    ) {
+    ) -> Result<(), Errno> {
         self.requests.count(Opcode::Setxattr);
-        let r = self.change(req, "setxattr", &[ino.0], &[], |fs, tx| {
+        self.change(who, "setxattr", &[ino], &[], |fs, tx| {
             if position != 0 {
                 return Err(FsError::Invalid("xattr position (macOS resource forks)").into());
             }
@@ -889,116 +868,88 @@ impl Filesystem for TallyFuse {
                 libc::XATTR_REPLACE => XattrSet::Replace,
                 _ => return Err(FsError::Invalid("setxattr flags").into()),
             };
-            Ok(fs.setxattr(tx, ino.0, name(n), value, how)?)
-        });
-        Self::reply_empty(reply, r);
+            Ok(fs.setxattr(tx, ino, name, value, how)?)
+        })
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+    pub(crate) fn getxattr(&self, ino: u64, name: &[u8], size: u32) -> Result<XattrOut, Errno> {
         self.requests.count(Opcode::Getxattr);
-        match self.call("getxattr", |fs| Ok(fs.getxattr(ino.0, name(n))?)) {
-            Ok(value) => reply_sized(reply, size, &value),
-            Err(e) => reply.error(e),
-        }
+        let value = self.call("getxattr", |fs| Ok(fs.getxattr(ino, name)?))?;
+        sized(size, value)
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    pub(crate) fn listxattr(&self, ino: u64, size: u32) -> Result<XattrOut, Errno> {
         self.requests.count(Opcode::Listxattr);
-        match self.call("listxattr", |fs| Ok(fs.listxattr(ino.0)?)) {
-            Ok(names) => {
-                let mut list = Vec::new();
-                for n in names {
-                    list.extend_from_slice(&n);
-                    list.push(0);
-                }
-                reply_sized(reply, size, &list);
-            }
-            Err(e) => reply.error(e),
+        let names = self.call("listxattr", |fs| Ok(fs.listxattr(ino)?))?;
+        let mut list = Vec::new();
+        for n in names {
+            list.extend_from_slice(&n);
+            list.push(0);
         }
+        sized(size, list)
     }
 
-    fn removexattr(&self, req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+    pub(crate) fn removexattr(&self, who: Caller, ino: u64, name: &[u8]) -> Result<(), Errno> {
         self.requests.count(Opcode::Removexattr);
-        let r = self.change(req, "removexattr", &[ino.0], &[], |fs, tx| {
-            Ok(fs.removexattr(tx, ino.0, name(n))?)
-        });
-        Self::reply_empty(reply, r);
+        self.change(who, "removexattr", &[ino], &[], |fs, tx| Ok(fs.removexattr(tx, ino, name)?))
     }
 
-    fn access(&self, _req: &Request, ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+    pub(crate) fn access(&self, ino: u64) -> Result<(), Errno> {
         self.requests.count(Opcode::Access);
         // Only sent without default_permissions, which the adapter always sets: the kernel
         // checks permissions. Existence is all there is to check.
-        Self::reply_empty(
-            reply,
-            self.call("access", |fs| fs.getattr(ino.0).map(|_| ()).map_err(Into::into)),
-        );
+        self.call("access", |fs| fs.getattr(ino).map(|_| ()).map_err(Into::into))
     }
 
-    fn create(
+    pub(crate) fn create(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        n: &OsStr,
+        who: Caller,
+        parent: u64,
+        name: &[u8],
         mode: u32,
-        _umask: u32,
         open_flags: i32,
-        reply: ReplyCreate,
-    ) {
+    ) -> Result<(Entry, Opened), Errno> {
         self.requests.count(Opcode::Create);
-        let r = self.change(req, "create", &[], &[(parent.0, n)], |fs, tx| {
-            let a = fs.create(tx, parent.0, name(n), perm(mode), owner(req))?;
+        let attr = self.change(who, "create", &[], &[(parent, name)], |fs, tx| {
+            let a = fs.create(tx, parent, name, perm(mode), owner(who))?;
             fs.open(a.ino)?;
             Ok(Self::attr_of(fs, &a))
-        });
-        match r {
-            Ok(attr) => {
-                // One timeout for the entry and the attributes here.
-                let ttl = self.attr_timeout.min(self.entry_timeout);
-                let (writable, flags) = Self::file_open_flags(open_flags);
-                reply.created(&ttl, &attr, Generation(0), self.fh(writable), flags)
-            }
-            Err(e) => reply.error(e),
-        }
+        })?;
+        // One timeout for the entry and the attributes here.
+        let (writable, flags) = Self::file_open_flags(open_flags);
+        Ok((self.entry_one_ttl(attr), Opened { fh: self.fh(writable), flags }))
     }
 
-    fn ioctl(
+    /// An ioctl on a file or directory (the kernel sends `FUSE_IOCTL_DIR` for a directory);
+    /// its reply data.
+    pub(crate) fn ioctl(
         &self,
-        req: &Request,
-        ino: INodeNo,
+        who: Caller,
+        ino: u64,
         fh: FileHandle,
-        _flags: IoctlFlags,
         cmd: u32,
-        _in_data: &[u8],
         out_size: u32,
-        reply: ReplyIoctl,
-    ) {
-        // Files and directories alike (the kernel sends FUSE_IOCTL_DIR for a directory).
-        let r = if let Some(op) = f2fs::f2fs_opcode(cmd) {
+    ) -> Result<Vec<u8>, Errno> {
+        if let Some(op) = f2fs::f2fs_opcode(cmd) {
             self.requests.count(op);
-            self.f2fs_ioctl(req, ino, fh, cmd, out_size)
+            self.f2fs_ioctl(who, ino, fh, cmd, out_size)
         } else {
             self.requests.count(Opcode::Ioctl);
-            self.transaction_ioctl(req, ino, fh, cmd, out_size)
-        };
-        match r {
-            Ok(data) => reply.ioctl(0, &data),
-            Err(e) => reply.error(e),
+            self.transaction_ioctl(who, ino, fh, cmd, out_size)
         }
     }
 
-    fn fallocate(
+    pub(crate) fn fallocate(
         &self,
-        req: &Request,
-        ino: INodeNo,
+        who: Caller,
+        ino: u64,
         fh: FileHandle,
         offset: u64,
         length: u64,
         mode: i32,
-        reply: ReplyEmpty,
-    ) {
+    ) -> Result<(), Errno> {
         self.requests.count(Opcode::Fallocate);
-        let r = self.change_through(req, Some(fh), "fallocate", &[ino.0], |fs, tx| {
+        self.change_through(who, Some(fh), "fallocate", &[ino], |fs, tx| {
             if mode & !(FALLOC_KEEP_SIZE | FALLOC_PUNCH_HOLE | FALLOC_ZERO_RANGE) != 0 {
                 return Err(Failure::Unsupported("fallocate mode"));
             }
@@ -1007,93 +958,70 @@ impl Filesystem for TallyFuse {
                 punch_hole: mode & FALLOC_PUNCH_HOLE != 0,
                 zero_range: mode & FALLOC_ZERO_RANGE != 0,
             };
-            Ok(fs.fallocate(tx, ino.0, offset, length, flags)?)
-        });
-        Self::reply_empty(reply, r);
+            Ok(fs.fallocate(tx, ino, offset, length, flags)?)
+        })
     }
 
-    fn lseek(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: i64,
-        _whence: i32,
-        reply: ReplyLseek,
-    ) {
+    pub(crate) fn lseek(&self) -> Result<i64, Errno> {
         // The kernel seeks itself (SEEK_DATA and SEEK_HOLE as if the file had no holes) and
         // asks no more after this answer.
         self.requests.count(Opcode::Lseek);
-        reply.error(Errno::from_i32(libc::ENOSYS));
+        Err(Errno::from_i32(libc::ENOSYS))
     }
 
-    fn copy_file_range(
+    /// Returns the bytes copied.
+    #[expect(clippy::too_many_arguments, reason = "the kernel's request has them all")]
+    pub(crate) fn copy_file_range(
         &self,
-        req: &Request,
-        ino_in: INodeNo,
-        _fh_in: FileHandle,
+        who: Caller,
+        ino_in: u64,
         offset_in: u64,
-        ino_out: INodeNo,
-        _fh_out: FileHandle,
+        ino_out: u64,
         offset_out: u64,
         len: u64,
-        flags: fuser::CopyFileRangeFlags,
-        reply: ReplyWrite,
-    ) {
+        flags: u64,
+    ) -> Result<u32, Errno> {
         self.requests.count(Opcode::CopyFileRange);
-        let r = self.change(req, "copy_file_range", &[ino_out.0], &[], |fs, tx| {
-            if flags.bits() != 0 {
+        let n = self.change(who, "copy_file_range", &[ino_out], &[], |fs, tx| {
+            if flags != 0 {
                 return Err(FsError::Invalid("copy_file_range flags").into());
             }
             // One transaction per request: the kernel returns a short count to the caller,
             // which asks again for the rest (a request carries at most 4 GiB anyway).
             let len = len.min(u64::from(u32::MAX));
-            Ok(fs.copy_file_range(tx, ino_in.0, offset_in, ino_out.0, offset_out, len)?)
-        });
-        match r {
-            Ok(n) => reply.written(u32::try_from(n).unwrap_or(u32::MAX)),
-            Err(e) => reply.error(e),
-        }
+            Ok(fs.copy_file_range(tx, ino_in, offset_in, ino_out, offset_out, len)?)
+        })?;
+        Ok(u32::try_from(n).unwrap_or(u32::MAX))
     }
 
-    fn poll(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _ph: fuser::PollNotifier,
-        events: fuser::PollEvents,
-        _flags: fuser::PollFlags,
-        reply: fuser::ReplyPoll,
-    ) {
+    /// The events of `events` (poll bits) that are ready.
+    pub(crate) fn poll(&self, ino: u64, events: u32) -> Result<u32, Errno> {
         self.requests.count(Opcode::Poll);
         // Files and directories are always ready, as on a disk file system: a read or write
         // never waits for another process, so no later readiness needs announcing.
         use fuser::PollEvents as P;
-        let ready = P::POLLIN | P::POLLOUT | P::POLLRDNORM | P::POLLWRNORM;
-        match self.call("poll", |fs| fs.getattr(ino.0).map(|_| ()).map_err(Into::into)) {
-            Ok(()) => reply.poll(events & ready),
-            Err(e) => reply.error(e),
-        }
+        let ready = (P::POLLIN | P::POLLOUT | P::POLLRDNORM | P::POLLWRNORM).bits();
+        self.call("poll", |fs| fs.getattr(ino).map(|_| ()).map_err(Into::into))?;
+        Ok(events & ready)
     }
 }
 
 impl TallyFuse {
     /// The inode `name` in `parent` names now, if any (its cached attributes are dropped too
     /// if a transaction that unlinks or renames it aborts).
-    fn child_of(&self, parent: INodeNo, n: &OsStr) -> Vec<u64> {
+    fn child_of(&self, parent: u64, name: &[u8]) -> Vec<u64> {
         if self.txns.is_idle() {
             return Vec::new();
         }
-        self.call("lookup", |fs| Ok(fs.lookup(parent.0, name(n))?))
+        self.call("lookup", |fs| Ok(fs.lookup(parent, name)?))
             .map_or_else(|_| Vec::new(), |a| vec![a.ino])
     }
 
     /// One of `tally-client`'s ioctls; its reply data (8 bytes for the `_IOR` ones).
     fn transaction_ioctl(
         &self,
-        req: &Request,
-        ino: INodeNo,
+        who: Caller,
+        ino: u64,
         fh: FileHandle,
         cmd: u32,
         out_size: u32,
@@ -1107,7 +1035,7 @@ impl TallyFuse {
         match cmd {
             ioctl::BEGIN | ioctl::BEGIN_TREE => {
                 let tree = cmd == ioctl::BEGIN_TREE;
-                let id = self.call("begin", |fs| self.txns.begin(fs, fh.0, req.pid(), tree))?;
+                let id = self.call("begin", |fs| self.txns.begin(fs, fh.0, who.pid, tree))?;
                 id_reply(id)
             }
             ioctl::COMMIT => {
@@ -1119,10 +1047,8 @@ impl TallyFuse {
             ioctl::ABORT => {
                 self.call("abort", |fs| self.txns.end(fs, fh.0, End::Abort)).map(|()| Vec::new())
             }
-            ioctl::BARRIER => {
-                self.call("barrier", |fs| Ok(fs.barrier(ino.0)?)).map(|()| Vec::new())
-            }
-            ioctl::CURRENT => id_reply(self.txns.current(req.pid())),
+            ioctl::BARRIER => self.call("barrier", |fs| Ok(fs.barrier(ino)?)).map(|()| Vec::new()),
+            ioctl::CURRENT => id_reply(self.txns.current(who.pid)),
             _ => Err(Errno::from_i32(libc::ENOTTY)),
         }
     }
@@ -1130,14 +1056,14 @@ impl TallyFuse {
 
 /// Answer a `getxattr`/`listxattr`: with `size` 0 the caller asks how big the value is; a
 /// buffer too small for it is `ERANGE`.
-fn reply_sized(reply: ReplyXattr, size: u32, value: &[u8]) {
+fn sized(size: u32, value: Vec<u8>) -> Result<XattrOut, Errno> {
     let len = u32::try_from(value.len()).unwrap_or(u32::MAX);
     if size == 0 {
-        reply.size(len);
+        Ok(XattrOut::Size(len))
     } else if len > size {
-        reply.error(errno(&Failure::Fs(FsError::Range)));
+        Err(errno(&Failure::Fs(FsError::Range)))
     } else {
-        reply.data(value);
+        Ok(XattrOut::Data(value))
     }
 }
 
@@ -1164,18 +1090,41 @@ mod tests {
         assert_eq!(e.code(), libc::ENOENT);
         let e = a.call("x", |_| -> Result<(), Failure> { Err(Failure::Unsupported("x")) });
         assert_eq!(e.unwrap_err().code(), libc::EOPNOTSUPP);
-        let mut a = a;
         assert_eq!(a.unmount(), Unmounted::Clean);
     }
 
     #[test]
     fn a_panic_answers_eio_and_stops_the_adapter() {
-        let mut a = adapter();
+        let a = adapter();
         let e = a.call("boom", |_| -> Result<(), Failure> { panic!("deliberate") }).unwrap_err();
         assert_eq!(e.code(), libc::EIO);
         // Every later request fails too, even one that would succeed.
         let e = a.call("getattr", |fs| Ok(fs.getattr(ROOT)?)).unwrap_err();
         assert_eq!(e.code(), libc::EIO);
         assert!(matches!(a.unmount(), Unmounted::WithoutSnapshot(_)));
+    }
+
+    #[test]
+    fn operations_answer_typed_results_without_a_kernel() {
+        let a = adapter();
+        let who = Caller { uid: 0, gid: 0, pid: std::process::id() };
+        let (e, o) = a.create(who, ROOT, b"f", 0o644, libc::O_RDWR).unwrap();
+        assert_eq!(e.attr.kind, FileType::RegularFile);
+        assert!(!o.flags.contains(FopenFlags::FOPEN_NOFLUSH), "writable opens get FLUSH");
+        assert_eq!(a.write(who, e.attr.ino.0, o.fh, 0, b"hello", false).unwrap(), 5);
+        assert_eq!(a.read(e.attr.ino.0, 0, 100).unwrap(), b"hello");
+        let names: Vec<_> = a.readdir(ROOT, 0).unwrap().into_iter().map(|d| d.name).collect();
+        assert!(names.contains(&b"f".to_vec()), "{names:?}");
+        let absent = a.lookup(ROOT, b"nope").unwrap();
+        assert_eq!((absent.attr.ino.0, absent.attr_ttl), (0, Duration::ZERO));
+        assert_eq!(a.getxattr(e.attr.ino.0, b"user.x", 0).unwrap_err().code(), libc::ENODATA);
+        a.setxattr(who, e.attr.ino.0, b"user.x", b"v", 0, 0).unwrap();
+        assert_eq!(a.getxattr(e.attr.ino.0, b"user.x", 0).unwrap(), XattrOut::Size(1));
+        assert_eq!(a.getxattr(e.attr.ino.0, b"user.x", 8).unwrap(), XattrOut::Data(b"v".to_vec()));
+        a.release(e.attr.ino.0, o.fh).unwrap();
+        assert_eq!(a.requests.get(Opcode::Create), 1);
+        a.destroy();
+        a.destroy();
+        assert_eq!(a.outcome.lock().unwrap().clone(), Some(Unmounted::Clean));
     }
 }

@@ -17,6 +17,7 @@ use std::time::Duration;
 use fuser::{Config, MountOption, SessionACL};
 use tally_fs::Fs;
 
+use crate::adapter::fuser_glue::{FuserGlue, RingThreads};
 use crate::adapter::{OutcomeSlot, TallyFuse, Unmounted};
 use crate::requests::RequestCounts;
 use crate::txns::{FuseMutant, Txns};
@@ -163,7 +164,7 @@ pub fn parse_options(list: &str, cfg: &mut MountConfig) -> Result<(), String> {
                     "unknown mount option {o:?} (known: default_permissions, allow_other, \
                      txn_wait_ms=N, commit_ms=N, no_atomic_write, read_ahead_kb=N, attr_timeout=S, entry_timeout=S, negative_timeout=S, {})",
                     PASSED_THROUGH.join(", ")
-                ))
+                ));
             }
         }
     }
@@ -202,7 +203,7 @@ fn mount_option(o: &str) -> MountOption {
 
 /// A mounted file system, not yet serving requests.
 pub struct Mounted {
-    session: fuser::Session<TallyFuse>,
+    session: fuser::Session<FuserGlue>,
     outcome: OutcomeSlot,
     dir: PathBuf,
     requests: Arc<RequestCounts>,
@@ -232,8 +233,16 @@ pub fn mount(fs: Fs, dir: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
     let txns = Txns::new(notifier.clone(), cfg.mutant);
     let requests = Arc::new(RequestCounts::default());
     let device = fs.log().device().clone();
-    let adapter =
-        TallyFuse::new(fs, cfg, txns, outcome.clone(), requests.clone(), notifier.clone());
+    let ops = Arc::new(TallyFuse::new(
+        fs,
+        cfg,
+        txns,
+        outcome.clone(),
+        requests.clone(),
+        notifier.clone(),
+    ));
+    let ring_threads = RingThreads::default();
+    let adapter = FuserGlue { ops, ring_threads };
     let mut options = vec![
         MountOption::FSName(cfg.fsname.clone()),
         MountOption::Subtype("tally".into()),
@@ -367,11 +376,7 @@ pub fn block_termination_signals() -> io::Result<()> {
     let set = termination_set();
     // SAFETY: `set` is initialised; a null old set is allowed.
     let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::from_raw_os_error(rc))
-    }
+    if rc == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(rc)) }
 }
 
 /// Wait for one of the signals of [`termination_set`]; returns its number.

@@ -14,11 +14,11 @@
 //! - commit is `Fs::commit_durable` (one flush), so the `fsync` SQLite sends after it finds
 //!   the file durable and costs no flush.
 
-use fuser::{Errno, FileHandle, INodeNo, Request};
+use fuser::{Errno, FileHandle};
 use tally_fs::FileKind;
 
-use super::TallyFuse;
-use crate::errno::{errno, Failure};
+use super::{Caller, TallyFuse};
+use crate::errno::{Failure, errno};
 use crate::requests::Opcode;
 use crate::txns::End;
 
@@ -58,8 +58,8 @@ impl TallyFuse {
     /// One of F2FS's atomic-write ioctls on `ino` through handle `fh`; its reply data.
     pub(super) fn f2fs_ioctl(
         &self,
-        req: &Request,
-        ino: INodeNo,
+        who: Caller,
+        ino: u64,
         fh: FileHandle,
         cmd: u32,
         out_size: u32,
@@ -76,8 +76,8 @@ impl TallyFuse {
         if !Self::writable(fh) {
             return Err(errno(&Failure::NotWritable));
         }
-        let attr = self.call("getattr", |fs| Ok(fs.getattr(ino.0)?))?;
-        if req.uid() != 0 && req.uid() != attr.uid {
+        let attr = self.call("getattr", |fs| Ok(fs.getattr(ino)?))?;
+        if who.uid != 0 && who.uid != attr.uid {
             return Err(errno(&Failure::NotOwner));
         }
         match cmd {
@@ -87,14 +87,14 @@ impl TallyFuse {
                     return Err(errno(&Failure::Fs(tally_fs::FsError::Invalid(why))));
                 }
                 self.call("start_atomic_write", |fs| {
-                    self.txns.begin_atomic(fs, fh.0, ino.0, req.pid())
+                    self.txns.begin_atomic(fs, fh.0, ino, who.pid)
                 })?;
             }
             COMMIT_ATOMIC_WRITE if self.txns.owns_atomic(fh.0) => {
                 self.call("commit_atomic_write", |fs| self.txns.end(fs, fh.0, End::CommitDurable))?;
             }
             // No atomic write on this handle: F2FS syncs the file.
-            COMMIT_ATOMIC_WRITE => self.call("fsync", |fs| Ok(fs.fsync(ino.0)?))?,
+            COMMIT_ATOMIC_WRITE => self.call("fsync", |fs| Ok(fs.fsync(ino)?))?,
             ABORT_ATOMIC_WRITE if self.txns.owns_atomic(fh.0) => {
                 self.call("abort_atomic_write", |fs| self.txns.end(fs, fh.0, End::Abort))?;
             }
