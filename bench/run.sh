@@ -101,3 +101,13 @@ cat >"$DATA/machine.json" <<JSON
 JSON
 "$PY" bench/peers_report.py "$DATA" "$OUT_DIR"
 echo "bench/run.sh: wrote $OUT_DIR/README.md and the plots beside it" >&2
+# Issue 14's everyday programs through the mount (untar, rm -rf, git clone/status, configure and
+# make, speedtest1, varmail) against ext4 and bindfs, with requests and device submissions per
+# operation: bench/mount.sh, table in mount.md (about 25 minutes; --quick: one run, small sizes).
+echo "== everyday programs on the mount (bench/mount.sh)" >&2
+if [ -n "$QUICK" ]; then
+  RUNS=1 COPIES=4 SIZE=5 VARMAIL_SECS=3 RESULTS="$DATA/mount.tsv" bench/mount.sh "$TALLY" >"$OUT_DIR/mount-table.md"
+else
+  RESULTS="$DATA/mount.tsv" bench/mount.sh "$TALLY" >"$OUT_DIR/mount-table.md"
+fi
+echo "bench/run.sh: wrote $OUT_DIR/mount-table.md" >&2
