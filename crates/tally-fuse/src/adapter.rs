@@ -1,7 +1,7 @@
 //! The file system's operations as the kernel asks for them: each maps one kernel request to
 //! one `tally-fs` call and returns a typed answer (an entry, attributes, data, an open
 //! handle, …) or an errno. Two transports carry requests and answers: fuser's `/dev/fuse`
-//! loop (`adapter/fuser_glue.rs`) and FUSE over io_uring (`ring/`); neither holds any logic
+//! loop (`adapter/fuser_glue.rs`) and FUSE over io_uring (`ring.rs`); neither holds any logic
 //! of its own beyond encoding.
 //!
 //! Invariants:
@@ -29,7 +29,7 @@ use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -87,6 +87,10 @@ const FILE_OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE.union(FopenFlag
 /// How directories are opened: the kernel may keep their listings (dropped when the
 /// directory changes through the mount, or by an abort's invalidation).
 const DIR_OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE.union(FopenFlags::FOPEN_CACHE_DIR);
+
+/// The largest write asked for at `INIT` (as fuser asks by default: its buffers take 16 MiB);
+/// the kernel still caps each request at `fs.fuse.max_pages_limit` pages.
+const MAX_WRITE: u32 = 16 << 20;
 
 /// Who sent a request: the owner of what it creates, the process its transaction is found by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,7 +154,7 @@ pub(crate) struct DirEntryOut {
 }
 
 /// What `setattr` asks to change.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct SetattrIn {
     pub mode: Option<u32>,
     pub uid: Option<u32>,
@@ -182,6 +186,9 @@ pub struct TallyFuse {
     ring_accepted: AtomicBool,
     /// Ask for FUSE over io_uring at `init` if the kernel offers it.
     want_ring: bool,
+    /// The largest write the kernel may send ([`MAX_WRITE`] or fuser's cap), set at `init`:
+    /// ring entries need a payload buffer as large.
+    max_write: AtomicU32,
     /// Set once the session exists: how the adapter tells the kernel what it changed behind
     /// its back.
     notifier: Arc<OnceLock<Notifier>>,
@@ -234,7 +241,8 @@ impl TallyFuse {
             negative_timeout: cfg.negative_timeout,
             drops_privs: AtomicBool::new(false),
             ring_accepted: AtomicBool::new(false),
-            want_ring: false,
+            want_ring: cfg.io_uring != crate::session::IoUring::Off,
+            max_write: AtomicU32::new(MAX_WRITE),
             notifier,
             stopped: AtomicBool::new(false),
             destroyed: AtomicBool::new(false),
@@ -247,6 +255,21 @@ impl TallyFuse {
             mutant: cfg.mutant,
             atomic_writes: cfg.atomic_writes,
         }
+    }
+
+    /// Whether the kernel took FUSE over io_uring at `init`.
+    pub(crate) fn ring_accepted(&self) -> bool {
+        self.ring_accepted.load(Ordering::Acquire)
+    }
+
+    /// The requests counted so far.
+    pub(crate) fn requests(&self) -> &RequestCounts {
+        &self.requests
+    }
+
+    /// The largest write the kernel sends, as answered at `INIT`.
+    pub(crate) fn max_write(&self) -> u32 {
+        self.max_write.load(Ordering::Relaxed)
     }
 
     fn drops_privs(&self) -> bool {
@@ -506,6 +529,14 @@ impl TallyFuse {
         // (`ring/`), and FORGET and INTERRUPT always.
         let ring = self.want_ring && config.add_capabilities(InitFlags::FUSE_OVER_IO_URING).is_ok();
         self.ring_accepted.store(ring, Ordering::Release);
+        let max_write = match config.set_max_write(MAX_WRITE) {
+            Ok(_) => MAX_WRITE,
+            Err(cap) => {
+                let _ = config.set_max_write(cap);
+                cap
+            }
+        };
+        self.max_write.store(max_write, Ordering::Relaxed);
         // fuser asks for the largest writes its buffers take (16 MiB) and for FUSE_MAX_PAGES;
         // the kernel caps every request at fs.fuse.max_pages_limit pages (root may raise it).
         let limit = std::fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit")

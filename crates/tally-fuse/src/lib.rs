@@ -75,12 +75,13 @@ mod attr;
 mod errno;
 mod privs;
 mod requests;
+mod ring;
 mod session;
 mod txns;
 
 pub use adapter::{TallyFuse, Unmounted};
 pub use requests::{Opcode, RequestCounts, RequestSnapshot};
 pub use session::{
-    block_termination_signals, mount, parse_options, unmount_dir, MountConfig, Mounted,
+    IoUring, MountConfig, Mounted, block_termination_signals, mount, parse_options, unmount_dir,
 };
 pub use txns::FuseMutant;

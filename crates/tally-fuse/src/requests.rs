@@ -5,8 +5,9 @@
 //!
 //! Invariants:
 //! - one relaxed atomic add per request, nothing else (no lock, no allocation);
-//! - every request a handler of the adapter receives is counted once, under the kernel's name
-//!   for its opcode. fuser answers `INIT`, `DESTROY`, `INTERRUPT` and opcodes it does not know
+//! - every request an operation of the adapter receives is counted once, under the kernel's
+//!   name for its opcode, whichever transport brought it; those the ring brought are counted
+//!   once more, apart ([`RequestCounts::ring`]). fuser answers `INIT`, `DESTROY`, `INTERRUPT` and opcodes it does not know
 //!   itself: those are not counted (a handful per mount; the kernel stops sending an opcode
 //!   answered `ENOSYS`).
 
@@ -168,11 +169,16 @@ impl Opcode {
 #[derive(Debug)]
 pub struct RequestCounts {
     counts: [AtomicU64; OPCODE_COUNT],
+    /// Of those, the requests that came over FUSE over io_uring (`ring.rs`).
+    ring: AtomicU64,
 }
 
 impl Default for RequestCounts {
     fn default() -> Self {
-        RequestCounts { counts: std::array::from_fn(|_| AtomicU64::new(0)) }
+        RequestCounts {
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            ring: AtomicU64::new(0),
+        }
     }
 }
 
@@ -182,14 +188,25 @@ impl RequestCounts {
         self.counts[op.index()].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Count one request that came over the ring (besides its opcode). Every request the
+    /// ring delivers counts, `DESTROY` and opcodes the adapter does not serve included.
+    pub(crate) fn count_ring(&self) {
+        self.ring.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Requests of kind `op` so far.
     pub fn get(&self, op: Opcode) -> u64 {
         self.counts[op.index()].load(Ordering::Relaxed)
     }
 
+    /// Requests that came over FUSE over io_uring so far (the rest came through `/dev/fuse`).
+    pub fn ring(&self) -> u64 {
+        self.ring.load(Ordering::Relaxed)
+    }
+
     /// The counts now, every opcode included.
     pub fn snapshot(&self) -> RequestSnapshot {
-        RequestSnapshot { counts: Opcode::ALL.map(|op| (op, self.get(op))) }
+        RequestSnapshot { counts: Opcode::ALL.map(|op| (op, self.get(op))), ring: self.ring() }
     }
 }
 
@@ -198,12 +215,18 @@ impl RequestCounts {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestSnapshot {
     counts: [(Opcode, u64); OPCODE_COUNT],
+    ring: u64,
 }
 
 impl RequestSnapshot {
     /// Requests of kind `op`.
     pub fn get(&self, op: Opcode) -> u64 {
         self.counts[op.index()].1
+    }
+
+    /// Requests that came over FUSE over io_uring.
+    pub fn ring(&self) -> u64 {
+        self.ring
     }
 
     /// All requests.
@@ -218,13 +241,16 @@ impl RequestSnapshot {
         for (now, then) in counts.iter_mut().zip(earlier.counts.iter()) {
             now.1 = now.1.saturating_sub(then.1);
         }
-        RequestSnapshot { counts }
+        RequestSnapshot { counts, ring: self.ring.saturating_sub(earlier.ring) }
     }
 }
 
 impl fmt::Display for RequestSnapshot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "total {}", self.total())?;
+        if self.ring > 0 {
+            write!(f, " ({} over io_uring)", self.ring)?;
+        }
         let mut first = true;
         for &(op, n) in self.counts.iter().filter(|(_, n)| *n > 0) {
             write!(f, "{} {} {n}", if first { ":" } else { "," }, op.name())?;
@@ -258,6 +284,9 @@ mod tests {
         c.count(Opcode::CopyFileRange);
         let now = c.snapshot();
         assert_eq!(now.to_string(), "total 4: LOOKUP 2, WRITE 1, COPY_FILE_RANGE 1");
+        c.count(Opcode::Write);
+        c.count_ring();
+        assert_eq!(c.snapshot().since(&now).to_string(), "total 1 (1 over io_uring): WRITE 1");
         let d = now.since(&before);
         assert_eq!((d.get(Opcode::Lookup), d.get(Opcode::Write), d.total()), (1, 1, 3));
     }

@@ -64,6 +64,9 @@ pub struct MountConfig {
     /// Large, so a sequential read reaches the daemon in requests of `max_pages` (1 MiB) and
     /// the daemon reads the device in runs as large (`tally_fs::Fs::read`).
     pub read_ahead_kb: u32,
+    /// Which transport carries requests (`-o io_uring=auto|on|off`): FUSE over io_uring
+    /// when the kernel offers it ([`IoUring::Auto`]), or `/dev/fuse` alone.
+    pub io_uring: IoUring,
     /// Source shown in `/proc/mounts` (the image path).
     pub fsname: String,
     /// Other kernel mount options (`noatime`, `nodev`, …), as [`parse_options`] accepted them.
@@ -84,11 +87,28 @@ impl Default for MountConfig {
             maintenance_interval: Duration::from_secs(5),
             commit_interval: tally_log::WriteBehind::INTERVAL_DEFAULT,
             read_ahead_kb: READ_AHEAD_KB_DEFAULT,
+            io_uring: IoUring::Auto,
             fsname: "tally".into(),
             options: Vec::new(),
         }
     }
 }
+
+/// Whether requests come over FUSE over io_uring (Linux 6.14 and later built with
+/// `CONFIG_FUSE_IO_URING`, and the `fuse` module's `enable_uring` parameter on) or through
+/// `/dev/fuse` alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoUring {
+    /// The ring when the kernel offers it at `INIT`, `/dev/fuse` otherwise.
+    Auto,
+    /// The ring, or the mount fails saying how to enable it.
+    On,
+    /// `/dev/fuse` alone.
+    Off,
+}
+
+/// Where the kernel's switch for FUSE over io_uring is.
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 
 impl MountConfig {
     /// The log's write-behind for [`MountConfig::commit_interval`] (give it to
@@ -155,6 +175,14 @@ pub fn parse_options(list: &str, cfg: &mut MountConfig) -> Result<(), String> {
                         format!("{o:?}: read_ahead_kb takes KiB up to 1048576, e.g. 1024 (0: the kernel's)")
                     })?;
             }
+            o if o.starts_with("io_uring=") => {
+                cfg.io_uring = match &o["io_uring=".len()..] {
+                    "auto" => IoUring::Auto,
+                    "on" => IoUring::On,
+                    "off" => IoUring::Off,
+                    _ => return Err(format!("{o:?}: io_uring takes auto, on or off")),
+                };
+            }
             o if o.starts_with("attr_timeout=") => cfg.attr_timeout = timeout(o)?,
             o if o.starts_with("entry_timeout=") => cfg.entry_timeout = timeout(o)?,
             o if o.starts_with("negative_timeout=") => cfg.negative_timeout = timeout(o)?,
@@ -162,7 +190,7 @@ pub fn parse_options(list: &str, cfg: &mut MountConfig) -> Result<(), String> {
             o => {
                 return Err(format!(
                     "unknown mount option {o:?} (known: default_permissions, allow_other, \
-                     txn_wait_ms=N, commit_ms=N, no_atomic_write, read_ahead_kb=N, attr_timeout=S, entry_timeout=S, negative_timeout=S, {})",
+                     txn_wait_ms=N, commit_ms=N, no_atomic_write, read_ahead_kb=N, io_uring=auto|on|off, attr_timeout=S, entry_timeout=S, negative_timeout=S, {})",
                     PASSED_THROUGH.join(", ")
                 ));
             }
@@ -242,7 +270,7 @@ pub fn mount(fs: Fs, dir: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
         notifier.clone(),
     ));
     let ring_threads = RingThreads::default();
-    let adapter = FuserGlue { ops, ring_threads };
+    let adapter = FuserGlue { ops: ops.clone(), ring_threads: ring_threads.clone() };
     let mut options = vec![
         MountOption::FSName(cfg.fsname.clone()),
         MountOption::Subtype("tally".into()),
@@ -257,6 +285,8 @@ pub fn mount(fs: Fs, dir: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
     let session = fuser::Session::new(adapter, dir, &config)?;
     // Set before any request is served (run() has not started): aborts can invalidate.
     let _ = notifier.set(session.notifier());
+    // On failure the session is dropped: it unmounts the directory and the file system.
+    start_transport(&session, &ops, &ring_threads, cfg)?;
     Ok(Mounted {
         session,
         outcome,
@@ -265,6 +295,45 @@ pub fn mount(fs: Fs, dir: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
         device,
         read_ahead_kb: cfg.read_ahead_kb,
     })
+}
+
+/// Start FUSE over io_uring if `cfg` and the kernel agree (the `INIT` exchange is done), and
+/// say which transport serves.
+fn start_transport(
+    session: &fuser::Session<FuserGlue>,
+    ops: &Arc<TallyFuse>,
+    ring_threads: &RingThreads,
+    cfg: &MountConfig,
+) -> io::Result<()> {
+    use std::os::fd::AsFd;
+    let switch = std::fs::read_to_string(ENABLE_URING)
+        .map_or_else(|e| format!("unreadable: {e}"), |s| s.trim().to_owned());
+    if cfg.io_uring == IoUring::Off {
+        tracing::info!("requests through /dev/fuse (-o io_uring=off)");
+        return Ok(());
+    }
+    if !ops.ring_accepted() {
+        let why = format!(
+            "the kernel did not offer FUSE over io_uring: it needs Linux 6.14 or later built              with CONFIG_FUSE_IO_URING, and the fuse module's enable_uring parameter on (as              root: echo 1 > {ENABLE_URING}; it reads {switch:?} now)"
+        );
+        if cfg.io_uring == IoUring::On {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("-o io_uring=on: {why}"),
+            ));
+        }
+        tracing::info!("requests through /dev/fuse: {why}");
+        return Ok(());
+    }
+    let layout = crate::ring::Layout::for_machine(cfg.threads, ops.max_write());
+    let fd = session.as_fd().try_clone_to_owned()?;
+    let threads = crate::ring::start(ops.clone(), fd, layout)?;
+    ring_threads.lock().unwrap_or_else(PoisonError::into_inner).extend(threads);
+    tracing::info!(
+        "requests over FUSE over io_uring ({} queues); FORGET and INTERRUPT through /dev/fuse",
+        layout.queue_count
+    );
+    Ok(())
 }
 
 impl Mounted {
@@ -462,6 +531,12 @@ mod tests {
         }
         assert_eq!(cfg.options, ["noatime"]);
         assert!(parse_options("ro", &mut cfg).is_err());
+        assert_eq!(cfg.io_uring, IoUring::Auto);
+        parse_options("io_uring=off", &mut cfg).unwrap();
+        assert_eq!(cfg.io_uring, IoUring::Off);
+        parse_options("io_uring=on", &mut cfg).unwrap();
+        assert_eq!(cfg.io_uring, IoUring::On);
+        assert!(parse_options("io_uring=yes", &mut cfg).is_err());
         let e = parse_options("bogus", &mut cfg).unwrap_err();
         assert!(e.contains("bogus"), "{e}");
     }

@@ -1,0 +1,248 @@
+//! FUSE over io_uring (Linux 6.14 and later, `CONFIG_FUSE_IO_URING`, the `fuse` module's
+//! `enable_uring` parameter on): the kernel hands requests to ring entries the daemon
+//! registered, one queue per possible CPU, instead of through `read`/`write` on `/dev/fuse`.
+//!
+//! Hand-written on the `io-uring` crate because fuser (0.18) has no such transport and keeps
+//! its request and reply types private, and no maintained crate offers one that a fuser
+//! session can use: `fractal-fuse` has the transport but is a whole FUSE library of its own
+//! (its own mount, an async trait on the compio runtime), so adopting it would replace fuser
+//! for both transports. The protocol is the kernel's (`fs/fuse/dev_uring.c`,
+//! `include/uapi/linux/fuse.h`):
+//!
+//! - after `INIT` (answered on `/dev/fuse`, with `FUSE_OVER_IO_URING` taken), each entry is
+//!   registered with `FUSE_IO_URING_CMD_REGISTER`: an `IORING_OP_URING_CMD` on a 128-byte SQE
+//!   whose command area holds `struct fuse_uring_cmd_req` (flags, commit id, queue id) and
+//!   whose `addr`/`len` give two iovecs: the header buffer and the payload buffer;
+//! - the kernel uses the ring only once every queue has an entry; until then, and always for
+//!   `FORGET` and `INTERRUPT`, requests still come through `/dev/fuse` (fuser's loop keeps
+//!   serving them), and notifications still go out through it;
+//! - a request arrives as the completion of an entry's command, in that entry's buffers
+//!   (`ring/wire.rs`); the answer is written into the same buffers and sent with
+//!   `FUSE_IO_URING_CMD_COMMIT_AND_FETCH` (commit id = the request's `unique`), which also
+//!   hands the entry back for the next request;
+//! - the kernel completes a command the entry must run in the task that submitted it, so each
+//!   thread owns its io_uring and registers its own entries;
+//! - at unmount (or abort) the kernel completes every command with `-ENOTCONN`: a thread ends
+//!   when all its entries are ended.
+//!
+//! Invariants: an entry's buffers never move while registered (boxed, never resized); an
+//! entry always has exactly one command with the kernel or is ended; answers are written only
+//! while the entry is the daemon's (between a completion and its commit).
+
+mod dispatch;
+pub(crate) mod wire;
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use io_uring::{IoUring, cqueue, opcode, squeue::Entry128, types};
+
+use crate::adapter::TallyFuse;
+use wire::HEADER_SIZE;
+
+/// `FUSE_IO_URING_CMD_REGISTER`.
+const CMD_REGISTER: u32 = 1;
+/// `FUSE_IO_URING_CMD_COMMIT_AND_FETCH`.
+const CMD_COMMIT_AND_FETCH: u32 = 2;
+
+/// How the ring is laid out.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Layout {
+    /// Queues: the kernel's number of possible CPUs (it queues a request on the queue of the
+    /// CPU its caller runs on).
+    pub queue_count: u16,
+    /// Threads per queue, one entry each: a request that waits (an `fsync`, a transaction)
+    /// holds one thread, and the queue's other requests go to the others.
+    pub threads_per_queue: u16,
+    /// Bytes of each entry's payload buffer: at least the kernel's largest request or answer
+    /// (`max(max_write, max_pages × page size)`), or registration fails.
+    pub payload_size: usize,
+}
+
+impl Layout {
+    /// The layout for this machine: `threads` as `MountConfig::threads` asks, spread over
+    /// the queues (at least two a queue on a small machine), and payloads for `max_write`.
+    pub(crate) fn for_machine(threads: usize, max_write: u32) -> Layout {
+        // SAFETY: sysconf has no preconditions. The kernel has one queue per possible CPU;
+        // _SC_NPROCESSORS_CONF counts those configured (libfuse uses the same).
+        let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+        let queue_count = u16::try_from(cpus).ok().filter(|&n| n > 0).unwrap_or(1);
+        let floor = if queue_count <= 4 { 2 } else { 1 };
+        let per_queue = threads.div_ceil(usize::from(queue_count)).clamp(floor, 4);
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+            .ok()
+            .filter(|&p| p > 0)
+            .unwrap_or(4096);
+        let limit_pages = std::fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .unwrap_or(256);
+        let payload_size = usize::try_from(max_write)
+            .unwrap_or(usize::MAX)
+            .max(limit_pages.saturating_mul(page))
+            .max(8192);
+        Layout {
+            queue_count,
+            threads_per_queue: u16::try_from(per_queue).unwrap_or(1),
+            payload_size,
+        }
+    }
+}
+
+/// Start the ring: `fd` is the session's `/dev/fuse` (a duplicate), after an `INIT` that took
+/// `FUSE_OVER_IO_URING`. Returns the threads, which end at unmount.
+///
+/// # Errors
+/// A thread could not start (those started end at unmount all the same).
+pub(crate) fn start(
+    ops: Arc<TallyFuse>,
+    fd: OwnedFd,
+    layout: Layout,
+) -> io::Result<Vec<JoinHandle<()>>> {
+    let fd = Arc::new(fd);
+    let mut threads = Vec::new();
+    for qid in 0..layout.queue_count {
+        for t in 0..layout.threads_per_queue {
+            let (ops, fd) = (ops.clone(), fd.clone());
+            let name = format!("tally-ring-{qid}.{t}");
+            let payload_size = layout.payload_size;
+            threads.push(
+                std::thread::Builder::new()
+                    .name(name)
+                    .spawn(move || serve_queue(&ops, &fd, qid, payload_size))?,
+            );
+        }
+    }
+    tracing::info!(
+        queues = layout.queue_count,
+        threads_per_queue = layout.threads_per_queue,
+        payload_kib = layout.payload_size / 1024,
+        "FUSE over io_uring: a thread and ring entry per queue slot started"
+    );
+    Ok(threads)
+}
+
+/// One ring entry: its two buffers and the iovecs that name them to the kernel.
+struct Slot {
+    header: Box<[u8; HEADER_SIZE]>,
+    payload: Box<[u8]>,
+    iov: Box<[libc::iovec; 2]>,
+}
+
+impl Slot {
+    fn new(payload_size: usize) -> Slot {
+        let mut header = Box::new([0u8; HEADER_SIZE]);
+        // Zeroed pages come from the kernel as they are first touched: a buffer as large as
+        // the largest request costs only what requests use of it.
+        let mut payload = vec![0u8; payload_size].into_boxed_slice();
+        let iov = Box::new([
+            libc::iovec { iov_base: header.as_mut_ptr().cast(), iov_len: HEADER_SIZE },
+            libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() },
+        ]);
+        Slot { header, payload, iov }
+    }
+}
+
+/// The command for one entry: `struct fuse_uring_cmd_req` is flags (u64), commit id (u64),
+/// queue id (u16), padding.
+fn command(fd: i32, op: u32, qid: u16, commit_id: u64, slot: &Slot, user_data: u64) -> Entry128 {
+    let mut cmd = [0u8; 80];
+    cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
+    cmd[16..18].copy_from_slice(&qid.to_ne_bytes());
+    let iov_addr = slot.iov.as_ptr() as u64;
+    let sqe = opcode::UringCmd80::new(types::Fd(fd), op)
+        .cmd(cmd)
+        .addr(Some(iov_addr))
+        .build()
+        .user_data(user_data);
+    with_len(sqe, 2)
+}
+
+const _: () = assert!(std::mem::size_of::<Entry128>() == 128);
+
+/// Set the SQE's `len` (the io-uring crate's `UringCmd80` has no setter for it; the kernel
+/// reads the iovec count of `FUSE_IO_URING_CMD_REGISTER` there).
+fn with_len(sqe: Entry128, len: u32) -> Entry128 {
+    // SAFETY: `Entry128` is `repr(C)`: the kernel's 64-byte `struct io_uring_sqe` followed by
+    // the 64 extra bytes of a 128-byte SQE, integers only, no drop glue, so its bytes can be
+    // taken and any bytes make a valid one. `len` is the u32 at byte 24 of `io_uring_sqe`
+    // (kernel ABI).
+    let mut bytes: [u8; 128] = unsafe { std::mem::transmute::<Entry128, [u8; 128]>(sqe) };
+    bytes[24..28].copy_from_slice(&len.to_ne_bytes());
+    // SAFETY: as above.
+    unsafe { std::mem::transmute::<[u8; 128], Entry128>(bytes) }
+}
+
+/// Serve queue `qid` with one entry until the kernel ends it.
+fn serve_queue(ops: &TallyFuse, fd: &OwnedFd, qid: u16, payload_size: usize) {
+    let mut slot = Box::new(Slot::new(payload_size));
+    match serve_entry(ops, fd.as_raw_fd(), qid, &mut slot) {
+        Ok(()) => drop(slot),
+        Err(e) => {
+            // The kernel may still hold the entry's buffers (its command was not ended):
+            // they are left allocated rather than freed under it.
+            Box::leak(slot);
+            tracing::error!(qid, "FUSE over io_uring queue stopped: {e}");
+        }
+    }
+}
+
+/// Register `slot` on queue `qid` and answer the requests it receives until the kernel ends
+/// it (`Ok`), or a command fails otherwise (`Err`; the entry may still be the kernel's).
+fn serve_entry(ops: &TallyFuse, fd: i32, qid: u16, slot: &mut Slot) -> io::Result<()> {
+    let mut ring: IoUring<Entry128, cqueue::Entry> = IoUring::builder().build(2)?;
+    let mut last = command(fd, CMD_REGISTER, qid, 0, slot, 0);
+    push(&mut ring, &last)?;
+    let mut again_count = 0u32;
+    loop {
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(e) => return Err(e),
+        }
+        let completions: Vec<i32> = ring.completion().map(|c| c.result()).collect();
+        for result in completions {
+            if result < 0 {
+                match -result {
+                    // Not yet (the kernel initialises the connection), or interrupted: again,
+                    // a bounded number of times.
+                    libc::EAGAIN | libc::EINTR if again_count < 1000 => {
+                        again_count += 1;
+                        std::thread::sleep(Duration::from_millis(1));
+                        push(&mut ring, &last)?;
+                    }
+                    // The connection ended: unmount, abort, or the daemon's own teardown.
+                    libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED | libc::ENODEV => {
+                        tracing::debug!(qid, "ring entry ended");
+                        return Ok(());
+                    }
+                    errno => {
+                        return Err(io::Error::other(format!(
+                            "the kernel refused a ring command: {}",
+                            io::Error::from_raw_os_error(errno)
+                        )));
+                    }
+                }
+                continue;
+            }
+            again_count = 0;
+            let Some(commit_id) = dispatch::serve(ops, &mut slot.header, &mut slot.payload) else {
+                return Err(io::Error::other("a ring request without its commit id"));
+            };
+            last = command(fd, CMD_COMMIT_AND_FETCH, qid, commit_id, slot, 0);
+            push(&mut ring, &last)?;
+        }
+    }
+}
+
+/// Queue one command (the queue has room: each entry has at most one command out).
+fn push(ring: &mut IoUring<Entry128, cqueue::Entry>, sqe: &Entry128) -> io::Result<()> {
+    // SAFETY: the command names the entry's buffers and iovecs, which live (boxed, in the
+    // thread's `Slot`) until the thread ends, after the kernel has ended the command.
+    let pushed = unsafe { ring.submission().push(sqe) };
+    pushed.map_err(|_| io::Error::other("ring submission queue full"))
+}
