@@ -21,8 +21,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tally_log::{CommitMode, Log, LogConfig, OpenOptions, Transaction};
-use tally_media::probe::{probe, MachineInfo, ProbeOptions, ProbeReport};
-use tally_media::{DeviceStats, DirectMode, FileDevice, FileOptions};
+use tally_media::probe::{
+    machine_info, probe, time_device, MachineInfo, ProbeOptions, ProbeReport,
+};
+use tally_media::{
+    Device, DeviceStats, DirectMode, FileDevice, FileOptions, NbdDevice, NbdOptions, NbdTarget,
+};
 
 use crate::measure::{percentile_us, process_cpu_time, Spread};
 use crate::target::Target;
@@ -65,6 +69,9 @@ pub struct TxOptions {
     pub keep: bool,
     /// Use a file that holds data.
     pub force: bool,
+    /// NBD connections when `path` is an NBD URI; `None`: one per stream (each stream's
+    /// writes on its own connection), when the server allows several.
+    pub nbd_connections: Option<u32>,
 }
 
 impl Default for TxOptions {
@@ -81,6 +88,7 @@ impl Default for TxOptions {
             segment_blocks: 256,
             keep: false,
             force: false,
+            nbd_connections: None,
         }
     }
 }
@@ -266,24 +274,59 @@ fn validate(o: &TxOptions) -> Result<(), BenchError> {
 /// Bad options or a refused path before anything is written; device, log and probe failures.
 pub fn run(options: &TxOptions, progress: &dyn Fn(&str)) -> Result<TxReport, BenchError> {
     validate(options)?;
-    progress(&format!("preparing {} ({} MiB)", options.path.display(), options.size_bytes >> 20));
-    let target =
-        Target::prepare(&options.path, options.size_bytes, true, options.keep, options.force)?;
-    if target.filled() {
-        progress("wrote every byte of the file once, so every run overwrites in place");
-    }
-    let probe_path = sibling(target.path(), "probe");
-    progress(&format!("probing flush latency on {}", probe_path.display()));
-    let probe_report = probe(
-        &probe_path,
-        ProbeOptions {
-            size_bytes: PROBE_SIZE_BYTES,
-            iterations: PROBE_ITERATIONS,
-            keep: false,
-            force: false,
-        },
-    )?;
     let streams = options.streams.unwrap_or(options.threads.max(2)).max(1);
+    let nbd = nbd_target(&options.path)?;
+    let (target, flush_probe, machine) = match &nbd {
+        None => {
+            progress(&format!(
+                "preparing {} ({} MiB)",
+                options.path.display(),
+                options.size_bytes >> 20
+            ));
+            let target = Target::prepare(
+                &options.path,
+                options.size_bytes,
+                true,
+                options.keep,
+                options.force,
+            )?;
+            if target.filled() {
+                progress("wrote every byte of the file once, so every run overwrites in place");
+            }
+            let probe_path = sibling(target.path(), "probe");
+            progress(&format!("probing flush latency on {}", probe_path.display()));
+            let probe_report = probe(
+                &probe_path,
+                ProbeOptions {
+                    size_bytes: PROBE_SIZE_BYTES,
+                    iterations: PROBE_ITERATIONS,
+                    keep: false,
+                    force: false,
+                },
+            )?;
+            let flush_probe = FlushProbe::from_report(&probe_report);
+            (Some(target), flush_probe, probe_report.machine)
+        }
+        Some(nbd) => {
+            if !options.force {
+                return Err(BenchError::BadInput {
+                    reason: format!("{nbd}: the benchmark overwrites the export; give --force"),
+                });
+            }
+            progress(&format!("probing flush latency on {nbd}"));
+            let dev = NbdDevice::open(nbd, NbdOptions::default())?;
+            let t = time_device(&dev, PROBE_ITERATIONS)?;
+            let flush_probe = FlushProbe {
+                write_4k_p50_us: t.write_4k_us.p50,
+                fdatasync_p50_us: t.write_flush_us.p50,
+                fdatasync_p99_us: t.write_flush_us.p99,
+                fua_write_p50_us: t.fua_write_us.p50,
+                ceiling_tx_per_sec: 1e6 / t.write_flush_us.p50.max(1e-3),
+            };
+            (None, flush_probe, machine_info())
+        }
+    };
+    let run_path = target.as_ref().map_or(options.path.as_path(), |t| t.path());
     let mut runs: Vec<Vec<TxRun>> = vec![Vec::new(); options.modes.len()];
     let mut device_shape = (false, String::new());
     for r in 1..=options.runs {
@@ -296,7 +339,7 @@ pub fn run(options: &TxOptions, progress: &dyn Fn(&str)) -> Result<TxReport, Ben
                 options.blocks,
                 options.seconds
             ));
-            let (one, shape) = run_once(target.path(), options, streams, mode, r)?;
+            let (one, shape) = run_once(run_path, nbd.as_ref(), options, streams, mode, r)?;
             progress(&format!(
                 "  {:.0} tx/s, {:.3} flushes/tx, {:.1} cpu µs/tx",
                 one.tx_per_sec, one.flushes_per_tx, one.cpu_us_per_tx
@@ -322,12 +365,12 @@ pub fn run(options: &TxOptions, progress: &dyn Fn(&str)) -> Result<TxReport, Ben
          (the io_uring reaper included)"
             .to_string(),
     ];
-    if probe_report.fdatasync_us.p50 < probe_report.write_4k_us.p50 {
+    if flush_probe.fdatasync_p50_us < flush_probe.write_4k_p50_us {
         notes.push(format!(
-            "fdatasync ({:.0} µs) is cheaper than a 4 KiB O_DIRECT write ({:.0} µs) here: the \
-             disk barely honours flushes, so ratios that depend on flush cost will differ on a \
+            "a flush ({:.0} µs) is cheaper than a 4 KiB write ({:.0} µs) here: the \
+             device barely honours flushes, so ratios that depend on flush cost will differ on a \
              real SSD",
-            probe_report.fdatasync_us.p50, probe_report.write_4k_us.p50
+            flush_probe.fdatasync_p50_us, flush_probe.write_4k_p50_us
         ));
     }
     drop(target);
@@ -344,8 +387,8 @@ pub fn run(options: &TxOptions, progress: &dyn Fn(&str)) -> Result<TxReport, Ben
             direct: device_shape.0,
             engine: device_shape.1,
         },
-        machine: probe_report.machine.clone(),
-        probe: FlushProbe::from_report(&probe_report),
+        machine,
+        probe: flush_probe,
         modes,
         ratios,
         notes,
@@ -367,17 +410,33 @@ struct ThreadOutcome {
     checkpoints: u64,
 }
 
-/// Format a fresh log on `path`, open it, and time one run of `mode`.
+/// The export `path` names, if it is an `nbd://` or `nbd+unix://` URI.
+fn nbd_target(path: &Path) -> Result<Option<NbdTarget>, BenchError> {
+    let Some(text) = path.to_str().filter(|t| NbdTarget::is_uri(t)) else { return Ok(None) };
+    NbdTarget::parse(text).map(Some).map_err(|e| BenchError::BadInput { reason: e.to_string() })
+}
+
+/// Format a fresh log on `path` (or the NBD export `nbd`), open it, and time one run of `mode`.
 fn run_once(
     path: &Path,
+    nbd: Option<&NbdTarget>,
     o: &TxOptions,
     streams: u16,
     mode: CommitMode,
     run: u32,
 ) -> Result<(TxRun, (bool, String)), BenchError> {
-    let file_options = FileOptions { direct: DirectMode::On, ..FileOptions::default() };
-    let device = Arc::new(FileDevice::open(path, file_options)?);
-    let shape = (device.direct(), device.engine().to_string());
+    let (device, shape): (Arc<dyn Device>, _) = if let Some(nbd) = nbd {
+        let connection_count = o.nbd_connections.unwrap_or(u32::from(streams)).max(1);
+        let options = NbdOptions { connection_count, ..NbdOptions::default() };
+        let dev = NbdDevice::open(nbd, options)?;
+        let shape = format!("nbd, {} connection(s)", dev.connection_count());
+        (Arc::new(dev), (false, shape))
+    } else {
+        let file_options = FileOptions { direct: DirectMode::On, ..FileOptions::default() };
+        let dev = FileDevice::open(path, file_options)?;
+        let shape = (dev.direct(), dev.engine().to_string());
+        (Arc::new(dev), shape)
+    };
     Log::format(
         &*device,
         &LogConfig { streams, segment_blocks: o.segment_blocks, ..LogConfig::default() },

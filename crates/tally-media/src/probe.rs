@@ -239,7 +239,9 @@ fn warn(warning: &ScratchWarning) {
     }
 }
 
-fn machine_info() -> MachineInfo {
+/// The machine this runs on.
+#[must_use]
+pub fn machine_info() -> MachineInfo {
     // SAFETY: utsname is plain old data; all-zero is a valid value for uname to overwrite.
     let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
     // SAFETY: uts is a valid, writable utsname.
@@ -291,6 +293,52 @@ pub fn probe(path: &Path, options: ProbeOptions) -> Result<ProbeReport, ProbeErr
 
 fn measure(path: &Path, options: &ProbeOptions, created: bool) -> Result<ProbeReport, ProbeError> {
     let device = FileDevice::open(path, FileOptions::default())?;
+    let t = time_device(&device, options.iterations)?;
+    let per_sec = |latency: &LatencyUs| 1e6 / latency.p50.max(1e-3);
+    Ok(ProbeReport {
+        path: path.to_path_buf(),
+        created,
+        size_bytes: t.size_bytes,
+        block_size: t.block_size,
+        iterations: options.iterations,
+        direct: device.direct(),
+        direct_note: device.direct_fallback().map(str::to_string),
+        io_uring: device.engine() == EngineKind::IoUring,
+        io_uring_note: device.engine_fallback().map(str::to_string),
+        engine: device.engine(),
+        ceiling_commits_per_sec: per_sec(&t.write_flush_us),
+        ceiling_commits_per_sec_fua: per_sec(&t.fua_write_us),
+        write_4k_us: t.write_4k_us,
+        fdatasync_us: t.write_flush_us,
+        fua_write_us: t.fua_write_us,
+        stats: t.stats,
+        machine: machine_info(),
+    })
+}
+
+/// What [`time_device`] measured on any device.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DeviceTimings {
+    /// Size of the device in bytes.
+    pub size_bytes: u64,
+    /// Its block size.
+    pub block_size: u32,
+    /// A one-block write, submit to completion (not durable).
+    pub write_4k_us: LatencyUs,
+    /// A flush after a completed one-block write.
+    pub write_flush_us: LatencyUs,
+    /// A one-block FUA write.
+    pub fua_write_us: LatencyUs,
+    /// What the device did while timed.
+    pub stats: DeviceStats,
+}
+
+/// Time one-block writes, flushes and FUA writes on `device`, `iterations` of each after a
+/// warm-up. Overwrites its first blocks (at most 1024).
+///
+/// # Errors
+/// The device's errors; [`ProbeError::BadInput`] for zero iterations.
+pub fn time_device(device: &dyn Device, iterations: u32) -> Result<DeviceTimings, ProbeError> {
     let geometry = device.geometry();
     let block_size = geometry.block_size as usize;
     let region_block_count = geometry.block_count.min(REGION_BLOCK_COUNT_MAX);
@@ -299,7 +347,7 @@ fn measure(path: &Path, options: &ProbeOptions, created: bool) -> Result<ProbeRe
     device.flush()?;
     let before = device.stats();
 
-    let total = options.iterations + WARMUP_COUNT;
+    let total = iterations + WARMUP_COUNT;
     let mut stamp = 0u64;
     let mut next_block = || {
         stamp += 1;
@@ -336,28 +384,13 @@ fn measure(path: &Path, options: &ProbeOptions, created: bool) -> Result<ProbeRe
         LatencyUs::from_nanos(&samples[skip..])
             .ok_or_else(|| ProbeError::BadInput { reason: "no samples".to_string() })
     };
-    let write_4k_us = distribution(&write_nanos)?;
-    let fdatasync_us = distribution(&flush_nanos)?;
-    let fua_write_us = distribution(&fua_nanos)?;
-    let per_sec = |latency: &LatencyUs| 1e6 / latency.p50.max(1e-3);
-    Ok(ProbeReport {
-        path: path.to_path_buf(),
-        created,
+    Ok(DeviceTimings {
         size_bytes: geometry.size_bytes(),
         block_size: geometry.block_size,
-        iterations: options.iterations,
-        direct: device.direct(),
-        direct_note: device.direct_fallback().map(str::to_string),
-        io_uring: device.engine() == EngineKind::IoUring,
-        io_uring_note: device.engine_fallback().map(str::to_string),
-        engine: device.engine(),
-        ceiling_commits_per_sec: per_sec(&fdatasync_us),
-        ceiling_commits_per_sec_fua: per_sec(&fua_write_us),
-        write_4k_us,
-        fdatasync_us,
-        fua_write_us,
+        write_4k_us: distribution(&write_nanos)?,
+        write_flush_us: distribution(&flush_nanos)?,
+        fua_write_us: distribution(&fua_nanos)?,
         stats,
-        machine: machine_info(),
     })
 }
 

@@ -71,9 +71,15 @@ pub struct FsArgs {
 /// Arguments of `tally bench tx`.
 #[derive(Debug, clap::Args)]
 pub struct TxArgs {
-    /// File to run on (O_DIRECT; not tmpfs). A missing file is created and removed afterwards.
+    /// File to run on (O_DIRECT; not tmpfs; a missing file is created and removed afterwards),
+    /// or an NBD export (`nbd://host[:port]/export`, `nbd+unix:///export?socket=PATH`; needs
+    /// --force: it is overwritten).
     #[arg(long)]
     path: PathBuf,
+    /// NBD connections (an NBD --path only) [default: one per stream, if the server allows
+    /// several]: 1 puts every stream's writes on one connection.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    connections: Option<u32>,
     /// Size of the file to create, e.g. 4G (K/M/G/T are powers of 1024).
     #[arg(long, default_value = "4G", value_parser = parse_size)]
     size: u64,
@@ -153,6 +159,7 @@ pub fn run(cmd: &Command) -> ExitCode {
                 segment_blocks: a.segment_blocks,
                 keep: a.keep,
                 force: a.force,
+                nbd_connections: a.connections,
             };
             finish(tally_bench::tx::run(&options, &progress), a.json, tx_table)
         }

@@ -65,7 +65,8 @@ JSON (--json): {\"image\", \"status\": \"clean\"|\"corrupt\"|\"unusable\"|\"in_u
 [{\"stream\", \"kept_seq\", \"block\", \"proven_seq\", \"dropped_seqs\"}] or null, \"error\": text or null}; \
 docs/CLI.md describes each field.")]
 pub struct Args {
-    /// Image file or block device made by `tally mkfs`.
+    /// Image file, block device or NBD export (`nbd://...`, `nbd+unix://...`) made by
+    /// `tally mkfs`.
     image: PathBuf,
     /// Print the result as one JSON object on stdout.
     #[arg(long)]
@@ -130,6 +131,11 @@ pub struct Opened {
 /// # Errors
 /// A [`Stop`] with the exit code for it: bad arguments, in use, or unusable.
 pub fn open_image(path: &Path, command: &str, refuse_in_use: bool) -> Result<Opened, Stop> {
+    let target =
+        crate::image::nbd_target(path).map_err(|text| Stop { code: EXIT_BAD_INPUT, text })?;
+    if let Some(target) = target {
+        return open_nbd_image(&target, command, refuse_in_use);
+    }
     let shown = path.display();
     let meta = std::fs::metadata(path)
         .map_err(|e| Stop { code: EXIT_BAD_INPUT, text: format!("{shown}: {e}") })?;
@@ -156,6 +162,43 @@ pub fn open_image(path: &Path, command: &str, refuse_in_use: bool) -> Result<Ope
             e => unusable(format!("{shown}: {e}")),
         })?;
     let dev: Arc<dyn Device> = Arc::new(dev);
+    opened(dev, &shown.to_string(), lock)
+}
+
+/// [`open_image`] on an NBD export: a copy-on-write view over the export (nothing is written
+/// to it), its lock file held shared.
+fn open_nbd_image(
+    target: &tally_media::NbdTarget,
+    command: &str,
+    refuse_in_use: bool,
+) -> Result<Opened, Stop> {
+    let unusable = |text: String| Stop { code: EXIT_UNUSABLE, text };
+    let lock = crate::image::lock_nbd(target, false).map_err(unusable)?;
+    let lock = match lock {
+        Some(lock) => lock,
+        None => {
+            let text = format!("{target} is in use: a tally mount on this machine serves it");
+            if refuse_in_use {
+                return Err(Stop { code: EXIT_IN_USE, text });
+            }
+            eprintln!(
+                "tally {command}: warning: {text}; what follows is the image as last written"
+            );
+            // Held by nobody: the shared lock was refused, so hold an unlocked handle.
+            File::open(crate::image::nbd_lock_path(target)).map_err(|e| unusable(e.to_string()))?
+        }
+    };
+    let dev = crate::image::open_nbd(target).map_err(|e| Stop {
+        code: if crate::image::nbd_is_bad_input(&e) { EXIT_BAD_INPUT } else { EXIT_UNUSABLE },
+        text: format!("cannot open {target}: {e}"),
+    })?;
+    let dev: Arc<dyn Device> = Arc::new(OverlayDevice::new(Arc::new(dev)));
+    opened(dev, &target.to_string(), lock)
+}
+
+/// Decode the superblock copies of `dev` and check the image is whole.
+fn opened(dev: Arc<dyn Device>, shown: &str, lock: File) -> Result<Opened, Stop> {
+    let unusable = |text: String| Stop { code: EXIT_UNUSABLE, text };
     let copies = read_copies(&*dev).map_err(|e| unusable(format!("cannot read {shown}: {e}")))?;
     let best = copies.iter().filter_map(|(_, sb)| sb.as_ref()).max_by_key(|sb| sb.generation);
     let Some(sb) = best else {
@@ -176,6 +219,11 @@ pub fn open_image(path: &Path, command: &str, refuse_in_use: bool) -> Result<Ope
 /// `--salvage --force`: mount `path` for writing with the log's salvage option (the longest
 /// safe prefix), unmount it cleanly, and return what was dropped.
 fn salvage(path: &Path) -> Result<Vec<tally_log::Damage>, Stop> {
+    let target =
+        crate::image::nbd_target(path).map_err(|text| Stop { code: EXIT_BAD_INPUT, text })?;
+    if let Some(target) = target {
+        return salvage_nbd(&target);
+    }
     let shown = path.display();
     let unusable = |text: String| Stop { code: EXIT_UNUSABLE, text };
     let lock = File::open(path).map_err(|e| unusable(format!("cannot open {shown}: {e}")))?;
@@ -190,14 +238,35 @@ fn salvage(path: &Path) -> Result<Vec<tally_log::Damage>, Stop> {
     let options = tally_media::FileOptions { block_size, ..tally_media::FileOptions::default() };
     let dev = tally_media::FileDevice::open(path, options)
         .map_err(|e| unusable(format!("cannot open {shown} for writing: {e}")))?;
+    let damage = salvage_on(Arc::new(dev), &shown.to_string())?;
+    drop(lock);
+    Ok(damage)
+}
+
+/// `--salvage --force` on an NBD export.
+fn salvage_nbd(target: &tally_media::NbdTarget) -> Result<Vec<tally_log::Damage>, Stop> {
+    let unusable = |text: String| Stop { code: EXIT_UNUSABLE, text };
+    let lock = crate::image::lock_nbd(target, true).map_err(unusable)?.ok_or_else(|| Stop {
+        code: EXIT_IN_USE,
+        text: format!("{target} is in use: a tally mount on this machine serves it"),
+    })?;
+    let dev = crate::image::open_nbd(target)
+        .map_err(|e| unusable(format!("cannot open {target} for writing: {e}")))?;
+    let damage = salvage_on(Arc::new(dev), &target.to_string())?;
+    drop(lock);
+    Ok(damage)
+}
+
+/// Mount `dev` with the log's salvage option and unmount it cleanly.
+fn salvage_on(dev: Arc<dyn Device>, shown: &str) -> Result<Vec<tally_log::Damage>, Stop> {
+    let unusable = |text: String| Stop { code: EXIT_UNUSABLE, text };
     let opts = MountOptions { salvage: true, ..MountOptions::default() };
-    let fs = Fs::mount(Arc::new(dev), opts).map_err(|e| Stop {
+    let fs = Fs::mount(dev, opts).map_err(|e| Stop {
         code: classify_mount_error(&e),
         text: format!("salvage could not mount {shown}: {e}"),
     })?;
     let damage = fs.mount_report().damage;
     fs.unmount().map_err(|e| unusable(format!("salvage could not unmount {shown}: {e}")))?;
-    drop(lock);
     Ok(damage)
 }
 

@@ -35,7 +35,8 @@ Exit codes: 0 shown; 2 bad arguments; 4 the image is a Tally image but cannot be
 could be read is shown); 8 unusable image (not a Tally image, truncated, or unreadable). \
 docs/CLI.md describes the JSON fields.")]
 pub struct Args {
-    /// Image file or block device made by `tally mkfs`.
+    /// Image file, block device or NBD export (`nbd://...`, `nbd+unix://...`) made by
+    /// `tally mkfs`.
     image: PathBuf,
     /// Print one JSON object on stdout.
     #[arg(long)]

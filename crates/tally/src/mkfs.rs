@@ -29,6 +29,8 @@ Examples:
   tally mkfs /var/tmp/tally.img --size 4G     a new sparse 4 GiB image file
   tally mkfs /dev/nvme1n1 --force             the whole device, whatever it held
   tally mkfs big.img --size 64G --block-size 64K   for large sequential writes
+  tally mkfs nbd://storage.example:10809/tally    an NBD export (its size is the server's)
+  tally mkfs 'nbd+unix:///disk?socket=/run/nbd.sock'   an export on a Unix socket
 
 The image is a log of segments (4 MiB each, whatever the block size) shared by the streams; one operation or explicit \
 transaction must fit in half a segment. The root directory belongs to whoever runs mkfs (mode \
@@ -37,7 +39,8 @@ transaction must fit in half a segment. The root directory belongs to whoever ru
 Exit codes: 0 made; 1 I/O error; 2 bad arguments; 3 refused (the target holds data or a file \
 system: give --force to overwrite it).")]
 pub struct Args {
-    /// Image file (created sparse if missing) or block device.
+    /// Image file (created sparse if missing), block device, or NBD export
+    /// (`nbd://host[:port]/export`, `nbd+unix:///export?socket=PATH`).
     image: PathBuf,
     /// Size of the image file, e.g. 512M, 4G (K/M/G/T are powers of 1024). Needed for a new
     /// file; resizes an existing file only with --force; not for block devices.
@@ -108,6 +111,9 @@ pub fn run(args: &Args) -> ExitCode {
 }
 
 fn make(args: &Args) -> Result<String, Stop> {
+    if let Some(target) = crate::image::nbd_target(&args.image).map_err(Stop::BadInput)? {
+        return make_on_nbd(args, &target);
+    }
     let created = !args.image.exists();
     let made = make_on(args);
     if made.is_err() && created {
@@ -174,13 +180,53 @@ fn make_on(args: &Args) -> Result<String, Stop> {
         }
         e => Stop::Io(format!("cannot open {shown}: {e}")),
     })?;
+    make_fs(Arc::new(dev), &shown.to_string(), args)
+}
+
+/// `tally mkfs nbd://...`: the export's size is its own; what it holds is judged by its head.
+fn make_on_nbd(args: &Args, target: &tally_media::NbdTarget) -> Result<String, Stop> {
+    if args.size.is_some() {
+        return Err(Stop::BadInput(format!(
+            "{target} is an NBD export: its size is the server's (drop --size)"
+        )));
+    }
+    let _lock = crate::image::lock_nbd(target, true).map_err(Stop::Io)?.ok_or_else(|| {
+        Stop::Refused(format!("{target} is in use: a tally mount on this machine serves it"))
+    })?;
+    let options = crate::image::nbd_options(args.block_size, args.streams);
+    let dev = tally_media::NbdDevice::open(target, options).map_err(|e| {
+        if crate::image::nbd_is_bad_input(&e) {
+            Stop::BadInput(format!("cannot use {target}: {e}"))
+        } else {
+            Stop::Io(format!("cannot open {target}: {e}"))
+        }
+    })?;
+    if dev.read_only() {
+        return Err(Stop::BadInput(format!("{target} is read-only (the server says so)")));
+    }
+    if !args.force {
+        let g = dev.geometry();
+        let head_blocks = (HEAD_BYTES as u64 / u64::from(g.block_size)).min(g.block_count);
+        let mut head = vec![0u8; usize::try_from(head_blocks).unwrap_or(0) * g.block_size as usize];
+        dev.read(0, &mut head).map_err(|e| Stop::Io(format!("cannot read {target}: {e}")))?;
+        let found = recognise(&head).or_else(|| head.iter().any(|&b| b != 0).then_some("data"));
+        if let Some(what) = found {
+            return Err(Stop::Refused(format!(
+                "{target} holds {what}: give --force to overwrite it"
+            )));
+        }
+    }
+    make_fs(Arc::new(dev), &target.to_string(), args)
+}
+
+/// Make the file system on an opened device; `shown` names it in messages.
+fn make_fs(dev: Arc<dyn Device>, shown: &str, args: &Args) -> Result<String, Stop> {
     let geometry = dev.geometry();
     let opts = MkfsOptions {
         streams: args.streams,
         segment_blocks: SEGMENT_BYTES / geometry.block_size,
         ..MkfsOptions::default()
     };
-    let dev: Arc<dyn Device> = Arc::new(dev);
     Fs::mkfs(dev.clone(), &opts).map_err(|e| match e {
         tally_fs::FsError::Io(_) | tally_fs::FsError::ReadOnly(_) => {
             Stop::Io(format!("mkfs on {shown} failed: {e}"))

@@ -28,6 +28,7 @@ Examples:
   tally mount /var/tmp/tally.img /mnt/t                  daemon; `tally umount /mnt/t` ends it
   tally mount img /mnt/t --foreground                    stay in the terminal; Ctrl-C unmounts
   tally mount img /mnt/t -o allow_other,noatime          other users may use the mount
+  tally mount nbd://storage.example/tally /mnt/t         an image on an NBD export
 
 Mount options (-o, comma-separated, repeatable):
   default_permissions   the kernel checks permissions from the mode bits (always on)
@@ -56,7 +57,8 @@ there, and the rest is a consistent prefix of what was done.
 Exit codes: 0 mounted (daemon) or unmounted cleanly (--foreground); 1 I/O error or an \
 unclean unmount; 2 bad arguments, an image in use, or not a Tally image.")]
 pub struct MountArgs {
-    /// Image file or block device made by `tally mkfs`.
+    /// Image file, block device or NBD export (`nbd://host[:port]/export`,
+    /// `nbd+unix:///export?socket=PATH`) made by `tally mkfs`.
     image: PathBuf,
     /// Directory to mount it on.
     dir: PathBuf,
@@ -146,12 +148,19 @@ fn prepare(args: &MountArgs) -> Result<(PathBuf, PathBuf, MountConfig), Stop> {
     if let Some(t) = args.threads {
         cfg.threads = usize::from(t);
     }
-    let image = std::fs::canonicalize(&args.image)
-        .map_err(|e| bad(format!("image {}: {e}", args.image.display())))?;
-    let meta = std::fs::metadata(&image).map_err(|e| bad(format!("{}: {e}", image.display())))?;
-    if !meta.is_file() && !meta.file_type().is_block_device() {
-        return Err(bad(format!("{} is not a file or a block device", image.display())));
-    }
+    // An NBD export is checked here (the URI) and opened by the daemon, after the fork.
+    let image = if let Some(target) = crate::image::nbd_target(&args.image).map_err(bad)? {
+        PathBuf::from(target.to_string())
+    } else {
+        let image = std::fs::canonicalize(&args.image)
+            .map_err(|e| bad(format!("image {}: {e}", args.image.display())))?;
+        let meta =
+            std::fs::metadata(&image).map_err(|e| bad(format!("{}: {e}", image.display())))?;
+        if !meta.is_file() && !meta.file_type().is_block_device() {
+            return Err(bad(format!("{} is not a file or a block device", image.display())));
+        }
+        image
+    };
     let dir = std::fs::canonicalize(&args.dir)
         .map_err(|e| bad(format!("mount directory {}: {e}", args.dir.display())))?;
     if !dir.is_dir() {
@@ -318,6 +327,9 @@ fn init_logging(foreground: bool) {
 
 /// Lock the image for this process's lifetime; `None` if another process holds it.
 fn lock_image(image: &Path) -> Result<Option<File>, Stop> {
+    if let Some(target) = crate::image::nbd_target(image).map_err(bad)? {
+        return crate::image::lock_nbd(&target, true).map_err(io_failure);
+    }
     let file = File::open(image).map_err(|e| io_failure(format!("{}: {e}", image.display())))?;
     // SAFETY: flock on a descriptor owned by `file`.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
@@ -329,6 +341,23 @@ fn lock_image(image: &Path) -> Result<Option<File>, Stop> {
     } else {
         Err(io_failure(format!("cannot lock {}: {e}", image.display())))
     }
+}
+
+/// The image's device: a file or block device, or an NBD export (one connection per stream).
+fn open_device(image: &Path) -> Result<Arc<dyn tally_media::Device>, Stop> {
+    if let Some(target) = crate::image::nbd_target(image).map_err(bad)? {
+        return match crate::image::open_nbd(&target) {
+            Ok(dev) => Ok(Arc::new(dev)),
+            Err(e) if crate::image::nbd_is_bad_input(&e) => {
+                Err(bad(format!("cannot use {target}: {e}")))
+            }
+            Err(e) => Err(io_failure(format!("cannot open {target}: {e}"))),
+        };
+    }
+    let block_size = crate::image::block_size_of(image).map_err(io_failure)?;
+    let dev = FileDevice::open(image, FileOptions { block_size, ..FileOptions::default() })
+        .map_err(|e| io_failure(format!("cannot open {}: {e}", image.display())))?;
+    Ok(Arc::new(dev))
 }
 
 /// Mount and serve until unmounted.
@@ -344,18 +373,12 @@ fn serve(image: &Path, dir: &Path, cfg: MountConfig, notify: Notify) -> ExitCode
         }
         Err(stop) => return notify.failed(&stop),
     };
-    let block_size = match crate::image::block_size_of(image) {
-        Ok(bs) => bs,
-        Err(text) => return notify.failed(&io_failure(text)),
-    };
-    let dev = match FileDevice::open(image, FileOptions { block_size, ..FileOptions::default() }) {
+    let dev = match open_device(image) {
         Ok(dev) => dev,
-        Err(e) => {
-            return notify.failed(&io_failure(format!("cannot open {}: {e}", image.display())))
-        }
+        Err(stop) => return notify.failed(&stop),
     };
     let opts = MountOptions { write_behind: cfg.write_behind(), ..MountOptions::default() };
-    let fs = match Fs::mount(Arc::new(dev), opts) {
+    let fs = match Fs::mount(dev, opts) {
         Ok(fs) => fs,
         Err(e @ tally_fs::FsError::Log(tally_log::LogError::DurableTransactionLost { .. })) => {
             let text = format!(
@@ -458,9 +481,14 @@ fn umount(args: &UmountArgs) -> Result<String, Stop> {
             io_failure(format!("cannot unmount {}: {e}", dir.display()))
         }
     })?;
-    // The daemon holds a lock on its image until it has written the snapshot and exited.
+    // The daemon holds a lock on its image (an NBD export's lock file) until it has written
+    // the snapshot and exited.
     let image = PathBuf::from(&source);
-    let Ok(file) = File::open(&image) else {
+    let lock_path = match crate::image::nbd_target(&image) {
+        Ok(Some(target)) => crate::image::nbd_lock_path(&target),
+        _ => image.clone(),
+    };
+    let Ok(file) = File::open(&lock_path) else {
         return Ok(format!(
             "unmounted {} (source {source:?} is not a file to wait on)",
             dir.display()

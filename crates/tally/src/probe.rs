@@ -5,14 +5,18 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use tally_bench::measure::parse_size_like;
-use tally_media::probe::{probe, LatencyUs, ProbeOptions, ProbeReport};
+use tally_media::probe::{
+    machine_info, probe, time_device, DeviceTimings, LatencyUs, ProbeOptions, ProbeReport,
+};
+use tally_media::Device as _;
 
 use crate::{fail, EXIT_IO_FAILURE};
 
 /// Arguments of `tally probe`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// File or block device to measure. A missing file is created and removed afterwards.
+    /// File or block device to measure (a missing file is created and removed afterwards), or
+    /// an NBD export (`nbd://host[:port]/export`, `nbd+unix:///export?socket=PATH`).
     path: PathBuf,
     /// Size of the file to create, e.g. 64M, 1G, 4096 (K/M/G/T are powers of 1024).
     #[arg(long, default_value = "64M", value_parser = parse_size)]
@@ -39,6 +43,14 @@ fn parse_size(text: &str) -> Result<u64, String> {
 
 /// Run the probe and print its report; the exit code says how it went.
 pub fn run(args: &Args) -> ExitCode {
+    match crate::image::nbd_target(&args.path) {
+        Ok(Some(target)) => return run_nbd(args, &target),
+        Ok(None) => {}
+        Err(text) => {
+            eprintln!("tally probe: error: {text}");
+            return ExitCode::from(crate::EXIT_BAD_INPUT);
+        }
+    }
     let options = ProbeOptions {
         size_bytes: args.size,
         iterations: args.iterations,
@@ -63,6 +75,119 @@ fn print_report(report: &ProbeReport, json: bool) -> ExitCode {
     } else {
         print!("{}", table(report));
     }
+    ExitCode::SUCCESS
+}
+
+/// What `tally probe nbd://...` measured.
+#[derive(Debug, serde::Serialize)]
+struct NbdProbeReport {
+    target: String,
+    /// Whether the server takes `NBD_CMD_FLAG_FUA` (else a FUA write is a write and a flush).
+    fua_native: bool,
+    /// Whether the server declares a volatile cache (`NBD_FLAG_SEND_FLUSH`).
+    flush: bool,
+    multi_conn: bool,
+    iterations: u32,
+    timings: DeviceTimings,
+    ceiling_commits_per_sec: f64,
+    ceiling_commits_per_sec_fua: f64,
+    machine: tally_media::probe::MachineInfo,
+}
+
+/// `tally probe nbd://...`: the same three timings over the network. The export's first
+/// blocks are overwritten, so anything but zeros there needs --force.
+fn run_nbd(args: &Args, target: &tally_media::NbdTarget) -> ExitCode {
+    let fail_with = |text: String, code: u8| {
+        eprintln!("tally probe: error: {text}");
+        ExitCode::from(code)
+    };
+    let dev = match tally_media::NbdDevice::open(target, crate::image::nbd_options(None, 1)) {
+        Ok(dev) => dev,
+        Err(e) => {
+            let code = if crate::image::nbd_is_bad_input(&e) {
+                crate::EXIT_BAD_INPUT
+            } else {
+                EXIT_IO_FAILURE
+            };
+            return fail_with(format!("cannot open {target}: {e}"), code);
+        }
+    };
+    let g = dev.geometry();
+    let region = g.block_count.min(1024);
+    let mut head = vec![0u8; usize::try_from(region).unwrap_or(0) * g.block_size as usize];
+    if let Err(e) = dev.read(0, &mut head) {
+        return fail_with(format!("cannot read {target}: {e}"), EXIT_IO_FAILURE);
+    }
+    if !args.force && head.iter().any(|&b| b != 0) {
+        return fail_with(
+            format!(
+                "refusing to probe {target}: its first {} KiB hold data that probing would \
+                 overwrite; pass --force to overwrite it",
+                head.len() >> 10
+            ),
+            crate::EXIT_BAD_INPUT,
+        );
+    }
+    let timings = match time_device(&dev, args.iterations) {
+        Ok(t) => t,
+        Err(e) => return fail("tally probe", &e, e.is_bad_input()),
+    };
+    let per_sec = |l: &LatencyUs| 1e6 / l.p50.max(1e-3);
+    let export = dev.export();
+    let report = NbdProbeReport {
+        target: target.to_string(),
+        fua_native: export.has_fua(),
+        flush: export.has_flush(),
+        multi_conn: export.has_multi_conn(),
+        iterations: args.iterations,
+        ceiling_commits_per_sec: per_sec(&timings.write_flush_us),
+        ceiling_commits_per_sec_fua: per_sec(&timings.fua_write_us),
+        timings,
+        machine: machine_info(),
+    };
+    if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(text) => println!("{text}"),
+            Err(e) => return fail_with(format!("cannot encode the report: {e}"), EXIT_IO_FAILURE),
+        }
+        return ExitCode::SUCCESS;
+    }
+    let mut out = String::new();
+    let t = &report.timings;
+    let _ = writeln!(
+        out,
+        "{} (NBD export, {} MiB, block {} B, {} iterations)",
+        report.target,
+        t.size_bytes >> 20,
+        t.block_size,
+        report.iterations
+    );
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    let _ = writeln!(out, "  FUA flag    {}", yes(report.fua_native));
+    let _ = writeln!(out, "  flush       {}", yes(report.flush));
+    let _ = writeln!(out, "  multi-conn  {}", yes(report.multi_conn));
+    let _ = writeln!(out);
+    let _ = writeln!(out, "  {:<24} {:>10} {:>10} {:>10}", "latency (µs)", "p50", "p99", "max");
+    for (name, l) in [
+        ("4 KiB write", &t.write_4k_us),
+        ("flush after 4 KiB", &t.write_flush_us),
+        ("4 KiB FUA write", &t.fua_write_us),
+    ] {
+        let _ = writeln!(out, "  {name:<24} {:>10.1} {:>10.1} {:>10.1}", l.p50, l.p99, l.max);
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "  ceiling, one stream, flush per commit: {:>10.0} commits/s",
+        report.ceiling_commits_per_sec
+    );
+    let _ = writeln!(
+        out,
+        "  ceiling, one stream, FUA per commit:   {:>10.0} commits/s",
+        report.ceiling_commits_per_sec_fua
+    );
+    let _ = writeln!(out, "  machine: {}", report.machine);
+    print!("{out}");
     ExitCode::SUCCESS
 }
 

@@ -47,6 +47,26 @@ pub struct ExportInfo {
     pub negotiated_with_go: bool,
 }
 
+impl ExportInfo {
+    /// Whether the server takes `NBD_CMD_FLAG_FUA` on writes.
+    #[must_use]
+    pub fn has_fua(&self) -> bool {
+        self.flags & super::wire::TFLAG_SEND_FUA != 0
+    }
+
+    /// Whether the server declares a volatile cache (`NBD_FLAG_SEND_FLUSH`).
+    #[must_use]
+    pub fn has_flush(&self) -> bool {
+        self.flags & super::wire::TFLAG_SEND_FLUSH != 0
+    }
+
+    /// Whether the server allows several connections to the export (`NBD_FLAG_CAN_MULTI_CONN`).
+    #[must_use]
+    pub fn has_multi_conn(&self) -> bool {
+        self.flags & super::wire::TFLAG_CAN_MULTI_CONN != 0
+    }
+}
+
 struct Negotiation<'a> {
     stream: &'a mut Stream,
     target: &'a NbdTarget,
