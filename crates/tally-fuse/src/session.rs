@@ -314,7 +314,9 @@ fn start_transport(
     }
     if !ops.ring_accepted() {
         let why = format!(
-            "the kernel did not offer FUSE over io_uring: it needs Linux 6.14 or later built              with CONFIG_FUSE_IO_URING, and the fuse module's enable_uring parameter on (as              root: echo 1 > {ENABLE_URING}; it reads {switch:?} now)"
+            "the kernel did not offer FUSE over io_uring: it needs Linux 6.14 or later built \
+             with CONFIG_FUSE_IO_URING, and the fuse module's enable_uring parameter on (as \
+             root: echo 1 > {ENABLE_URING}; it reads {switch:?} now)"
         );
         if cfg.io_uring == IoUring::On {
             return Err(io::Error::new(

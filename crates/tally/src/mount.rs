@@ -40,6 +40,11 @@ Mount options (-o, comma-separated, repeatable):
                         write sooner; 0 writes each change at once
   read_ahead_kb=N       the kernel's read-ahead for the mount, KiB (1024: one 1 MiB request;
                         0: the kernel's 128), set through sysfs (needs root)
+  io_uring=auto|on|off  how requests travel: FUSE over io_uring (per-CPU queues, Linux 6.14+
+                        with the fuse module's enable_uring on) or /dev/fuse. auto (default):
+                        the ring when the kernel offers it; on: the ring or the mount fails;
+                        off: /dev/fuse. Root enables the ring with
+                        `echo 1 > /sys/module/fuse/parameters/enable_uring`
   attr_timeout=S        seconds the kernel may cache attributes (default 86400: every change
                         goes through the mount, and the kernel is told what an abort undoes)
   entry_timeout=S       seconds the kernel may cache names (86400)
@@ -68,7 +73,9 @@ pub struct MountArgs {
     /// Mount options, e.g. -o allow_other,noatime (see below).
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
-    /// Threads serving kernel requests (default: cores, between 2 and 8).
+    /// Threads serving kernel requests through /dev/fuse (default: cores, between 2 and 8);
+    /// with FUSE over io_uring, the ring's threads per queue follow it (at least 2 a queue
+    /// up to 4 queues, at most 4).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     threads: Option<u16>,
     /// Log file of the daemon.
@@ -393,7 +400,7 @@ fn serve(image: &Path, dir: &Path, cfg: MountConfig, notify: Notify) -> ExitCode
             return notify.failed(&bad(text));
         }
         Err(e) => {
-            return notify.failed(&io_failure(format!("cannot mount {}: {e}", image.display())))
+            return notify.failed(&io_failure(format!("cannot mount {}: {e}", image.display())));
         }
     };
     let r = fs.mount_report();
