@@ -1099,12 +1099,12 @@ fn sized(size: u32, value: Vec<u8>) -> Result<XattrOut, Errno> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use tally_fs::{MkfsOptions, MountOptions, ROOT};
-    use tally_media::{Device, MemDevice};
-
-    fn adapter() -> TallyFuse {
+impl TallyFuse {
+    /// The adapter on a fresh file system in memory, with no kernel (unit tests of the
+    /// operations and of the ring's encoding).
+    pub(crate) fn for_tests() -> TallyFuse {
+        use tally_fs::{MkfsOptions, MountOptions};
+        use tally_media::{Device, MemDevice};
         let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 16384).unwrap());
         Fs::mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
         let fs = Fs::mount(dev, MountOptions::default()).unwrap();
@@ -1112,6 +1112,16 @@ mod tests {
             MountConfig { maintenance_interval: Duration::from_secs(60), ..Default::default() };
         let (requests, notifier) = (Arc::default(), Arc::default());
         TallyFuse::new(fs, &cfg, Txns::default(), OutcomeSlot::default(), requests, notifier)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tally_fs::ROOT;
+
+    fn adapter() -> TallyFuse {
+        TallyFuse::for_tests()
     }
 
     #[test]

@@ -31,9 +31,14 @@
 //!   kernel would send dirty pages later, merged and in its own order, and a barrier or an
 //!   explicit transaction could no longer say which writes it covers;
 //! - **several request threads** ([`MountConfig::threads`], one `/dev/fuse` clone each):
-//!   `fsync`s wait for the device in parallel while other requests are served.
+//!   `fsync`s wait for the device in parallel while other requests are served;
+//! - **FUSE over io_uring** where the kernel offers it ([`MountConfig::io_uring`], [`IoUring`]):
+//!   per-CPU queues of ring entries, each request answered and the next fetched in one
+//!   `io_uring_enter` (`ring.rs`); `/dev/fuse` keeps `INIT`, `FORGET` and `INTERRUPT`. Both
+//!   transports call the same operations (`adapter.rs`), which return typed answers.
 //!
-//! Requests are counted by opcode ([`Mounted::requests`]; logged at unmount and on `SIGUSR1`).
+//! Requests are counted by opcode, and those the ring brought apart ([`Mounted::requests`];
+//! logged at unmount and on `SIGUSR1`).
 //!
 //! **Transactions for unmodified programs**: the ioctls of the `tally-client` crate (and
 //! `include/tally.h`) on any open file or directory of the mount begin a transaction bound to

@@ -189,7 +189,8 @@ impl RequestCounts {
     }
 
     /// Count one request that came over the ring (besides its opcode). Every request the
-    /// ring delivers counts, `DESTROY` and opcodes the adapter does not serve included.
+    /// ring delivers counts, `DESTROY`, malformed requests and opcodes the adapter does not
+    /// serve included.
     pub(crate) fn count_ring(&self) {
         self.ring.fetch_add(1, Ordering::Relaxed);
     }

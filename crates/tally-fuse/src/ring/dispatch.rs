@@ -24,14 +24,11 @@ pub(crate) fn serve(
         }
     };
     let size = usize::try_from(payload_size).unwrap_or(usize::MAX).min(payload.len());
+    ops.requests().count_ring();
     let answer = match wire::decode(header, &payload[..size]) {
-        Ok((h, request)) => {
-            // The answer is built before the payload is written over: a request's names and
-            // data borrow it.
-            let answer = answer(ops, &h, request);
-            ops.requests().count_ring();
-            answer
-        }
+        // The answer is built before the payload is written over: a request's names and data
+        // borrow it.
+        Ok((h, request)) => answer(ops, &h, request),
         Err(e) => {
             tracing::error!(commit_id, "malformed ring request: {e:?}");
             Err(Errno::from_i32(libc::EIO))
@@ -199,5 +196,68 @@ fn xattr(x: XattrOut) -> Answer {
     match x {
         XattrOut::Size(n) => Answer::XattrSize(n),
         XattrOut::Data(d) => Answer::Data(d),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ring::wire::test_header;
+
+    /// Serve one request of `opcode` on `nodeid`; the answer's error and payload.
+    fn ask(ops: &TallyFuse, opcode: u32, nodeid: u64, op: &[u8], payload: &[u8]) -> (i32, Vec<u8>) {
+        let mut header = test_header(opcode, nodeid, op, u32::try_from(payload.len()).unwrap());
+        let mut buf = vec![0u8; 1 << 16];
+        buf[..payload.len()].copy_from_slice(payload);
+        assert_eq!(serve(ops, &mut header, &mut buf), Some(77));
+        let u32_at = |at: usize| u32::from_ne_bytes(header[at..at + 4].try_into().unwrap());
+        let error = i32::from_ne_bytes(header[4..8].try_into().unwrap());
+        let unique = u64::from_ne_bytes(header[8..16].try_into().unwrap());
+        let len = usize::try_from(u32_at(256 + 16)).unwrap();
+        assert_eq!(unique, 77, "the answer names its request");
+        assert_eq!(usize::try_from(u32_at(0)).unwrap(), 16 + len, "out header length");
+        (error, buf[..len].to_vec())
+    }
+
+    fn u64_at(b: &[u8], at: usize) -> u64 {
+        u64::from_ne_bytes(b[at..at + 8].try_into().unwrap())
+    }
+
+    #[test]
+    fn requests_reach_the_operations_and_answers_have_the_kernels_layout() {
+        let ops = TallyFuse::for_tests();
+        let root = tally_fs::ROOT;
+        // MKDIR: fuse_mkdir_in {mode, umask}, then the name; answer fuse_entry_out.
+        let mut mkdir_in = 0o755u32.to_ne_bytes().to_vec();
+        mkdir_in.extend_from_slice(&0u32.to_ne_bytes());
+        let (error, entry) = ask(&ops, 9, root, &mkdir_in, b"d\0");
+        assert_eq!((error, entry.len()), (0, 128));
+        let ino = u64_at(&entry, 0);
+        assert!(ino > root);
+        let mode = u32::from_ne_bytes(entry[40 + 60..40 + 64].try_into().unwrap());
+        assert_eq!(mode, libc::S_IFDIR | 0o755);
+        // LOOKUP of an absent name: a negative entry (inode 0) kept for negative_timeout.
+        let (error, entry) = ask(&ops, 1, root, &[], b"nope\0");
+        assert_eq!((error, u64_at(&entry, 0), u64_at(&entry, 16)), (0, 0, 86_400));
+        // READDIR of 80 bytes: ".", ".." (32 bytes each), and "d" does not fit.
+        let mut read_in = vec![0u8; 40];
+        read_in[16..20].copy_from_slice(&80u32.to_ne_bytes());
+        let (error, listing) = ask(&ops, 28, root, &read_in, &[]);
+        assert_eq!((error, listing.len()), (0, 64));
+        assert_eq!(&listing[24..25], b".");
+        read_in[16..20].copy_from_slice(&4096u32.to_ne_bytes());
+        let (_, listing) = ask(&ops, 28, root, &read_in, &[]);
+        assert_eq!(listing.len(), 96);
+        assert_eq!(u64_at(&listing, 64), ino);
+        // Errors: the negative errno and no payload.
+        let (error, none) = ask(&ops, 22, ino, &[0u8; 8], b"user.x\0");
+        assert_eq!((error, none.len()), (-libc::ENODATA, 0));
+        let (error, _) = ask(&ops, 9999, root, &[], &[]);
+        assert_eq!(error, -libc::ENOSYS);
+        let (error, _) = ask(&ops, 1, root, &[], b"no-nul");
+        assert_eq!(error, -libc::EIO);
+        // Counted under their opcodes and as ring requests (the malformed one only as the latter).
+        let counts = ops.requests().snapshot();
+        assert_eq!((counts.get(crate::Opcode::Readdir), counts.ring()), (2, 7));
     }
 }

@@ -548,21 +548,33 @@ fn kind_bits(kind: FileType) -> u32 {
     }
 }
 
+/// A request's header buffer as the kernel fills it: `opcode` on inode `nodeid` from pid 4242,
+/// unique (and commit id) 77, `op` in `op_in`, `payload_len` bytes of payload.
+#[cfg(test)]
+pub(crate) fn test_header(
+    opcode: u32,
+    nodeid: u64,
+    op: &[u8],
+    payload_len: u32,
+) -> Box<[u8; HEADER_SIZE]> {
+    let mut h = Box::new([0u8; HEADER_SIZE]);
+    h[0..4].copy_from_slice(&(40 + payload_len).to_ne_bytes());
+    h[4..8].copy_from_slice(&opcode.to_ne_bytes());
+    h[8..16].copy_from_slice(&77u64.to_ne_bytes());
+    h[16..24].copy_from_slice(&nodeid.to_ne_bytes());
+    h[32..36].copy_from_slice(&4242u32.to_ne_bytes());
+    h[OP_IN_AT..OP_IN_AT + op.len()].copy_from_slice(op);
+    h[ENT_IN_OUT_AT + 8..ENT_IN_OUT_AT + 16].copy_from_slice(&77u64.to_ne_bytes());
+    h[ENT_IN_OUT_AT + 16..ENT_IN_OUT_AT + 20].copy_from_slice(&payload_len.to_ne_bytes());
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn header(opcode: u32, op: &[u8], payload_len: u32) -> Box<[u8; HEADER_SIZE]> {
-        let mut h = Box::new([0u8; HEADER_SIZE]);
-        h[0..4].copy_from_slice(&(40 + payload_len).to_ne_bytes());
-        h[4..8].copy_from_slice(&opcode.to_ne_bytes());
-        h[8..16].copy_from_slice(&77u64.to_ne_bytes());
-        h[16..24].copy_from_slice(&1u64.to_ne_bytes());
-        h[32..36].copy_from_slice(&4242u32.to_ne_bytes());
-        h[OP_IN_AT..OP_IN_AT + op.len()].copy_from_slice(op);
-        h[ENT_IN_OUT_AT + 8..ENT_IN_OUT_AT + 16].copy_from_slice(&77u64.to_ne_bytes());
-        h[ENT_IN_OUT_AT + 16..ENT_IN_OUT_AT + 20].copy_from_slice(&payload_len.to_ne_bytes());
-        h
+        test_header(opcode, 1, op, payload_len)
     }
 
     #[test]
