@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use crate::clean::live;
 use crate::fs::lock;
 use crate::record::{Record, DATA_HOLE};
-use crate::state::Key;
+use crate::state::{Block, Key};
 use crate::types::{FileKind, Ino, ROOT};
 use crate::{Fs, Result};
 
@@ -121,6 +121,8 @@ impl Fs {
         let mut subdirs: HashMap<Ino, u32> = HashMap::new();
         let mut parents: HashMap<Ino, Ino> = HashMap::new();
         let mut addrs: HashSet<u64> = HashSet::new();
+        // Every data block to read, as the block maps hold it now.
+        let mut data: Vec<(Ino, u64, Block)> = Vec::new();
         let bs = u64::from(self.bs);
         match st.inodes.get(&ROOT) {
             Some(i) if i.dir.is_some() => {}
@@ -200,21 +202,10 @@ impl Fs {
                     }
                 }
                 r.data_blocks += 1;
-                if r.data_blocks % PROGRESS_EVERY_BLOCKS == 0 {
-                    progress(r.data_blocks, data_blocks_total);
-                }
                 if self.mutant == Some(crate::FsMutant::FsckSkipsDataBlocks) {
                     continue;
                 }
-                match self.block_bytes(ino, b, block) {
-                    Ok(bytes) => {
-                        if crc32c::crc32c(&bytes) != block.crc {
-                            r.problems
-                                .push(format!("inode {ino}: block {b} does not match its crc"));
-                        }
-                    }
-                    Err(e) => r.problems.push(format!("inode {ino}: block {b}: {e}")),
-                }
+                data.push((ino, b, block.clone()));
             }
         }
         for (&ino, inode) in &st.inodes {
@@ -246,7 +237,6 @@ impl Fs {
                 ));
             }
         }
-        progress(r.data_blocks, data_blocks_total);
         let reachable = st.reachable();
         for (&ino, inode) in &st.inodes {
             let open_orphan = inode.attr.nlink == 0 && st.pins.contains_key(&ino);
@@ -254,6 +244,38 @@ impl Fs {
                 r.problems.push(format!("inode {ino} is not reachable from the root"));
             }
         }
+        drop(st);
+        // The data blocks, against the copy of the block maps taken above: read with the
+        // state lock dropped, so operations go on while fsck reads the whole image. A block
+        // that fails is looked up again: one moved (cleaning reused its old place),
+        // overwritten or removed meanwhile is not a problem.
+        for (i, (ino, b, block)) in data.into_iter().enumerate() {
+            if (i as u64).is_multiple_of(PROGRESS_EVERY_BLOCKS) {
+                progress(i as u64, data_blocks_total);
+            }
+            let failed = match self.fetch_block(ino, b, &block) {
+                Ok(bytes) if crc32c::crc32c(&bytes) == block.crc => continue,
+                Ok(_) => format!("inode {ino}: block {b} does not match its crc"),
+                Err(e) => format!("inode {ino}: block {b}: {e}"),
+            };
+            let same = |now: &Block| {
+                (now.addr, now.ver, now.crc, now.tx) == (block.addr, block.ver, block.crc, block.tx)
+            };
+            match lock(&self.state) {
+                Ok(st) => {
+                    let now = st.inodes.get(&ino).and_then(|i| i.blocks.get(&b));
+                    if !now.is_some_and(same) {
+                        continue;
+                    }
+                }
+                Err(e) => {
+                    r.problems.push(format!("the state in memory cannot be checked: {e}"));
+                    return r;
+                }
+            }
+            r.problems.push(failed);
+        }
+        progress(r.data_blocks, data_blocks_total);
         r
     }
 }

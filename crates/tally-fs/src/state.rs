@@ -186,6 +186,29 @@ pub(crate) struct Cached {
     pub ver: u64,
 }
 
+/// The data blocks held in memory until durable, per stream in commit order, so in seq order:
+/// pruning pops each stream's durable front, never scanning what stays (an fsync prunes).
+#[derive(Debug, Default)]
+pub(crate) struct CachedBlocks(pub Vec<VecDeque<Cached>>);
+
+impl CachedBlocks {
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(VecDeque::is_empty)
+    }
+
+    /// Hold `c` (committed after every block held on its stream).
+    pub fn push(&mut self, c: Cached) {
+        let s = usize::from(c.tx.stream);
+        if self.0.len() <= s {
+            self.0.resize_with(s + 1, VecDeque::new);
+        }
+        if let Some(q) = self.0.get_mut(s) {
+            debug_assert!(q.back().is_none_or(|b| b.tx.seq <= c.tx.seq));
+            q.push_back(c);
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct State {
     pub inodes: HashMap<Ino, Inode>,
@@ -204,7 +227,7 @@ pub(crate) struct State {
     /// Freed inodes whose `Free` record is in the log, with its version.
     pub freed: HashMap<Ino, u64>,
     /// Data blocks whose bytes are held until durable.
-    pub cached: VecDeque<Cached>,
+    pub cached: CachedBlocks,
     pub cached_bytes: usize,
     /// Transactions later operations must depend on while they are not durable (barriers):
     /// at most one per stream, its newest.

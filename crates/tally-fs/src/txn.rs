@@ -48,6 +48,29 @@ pub(crate) enum Stop {
     Err(FsError),
     /// An object is locked by an open transaction: roll back, wait for it to end, retry.
     Wait,
+    /// These committed blocks' bytes are needed and only on the device: roll back, read them
+    /// with the state lock dropped (no device I/O under it), retry. The retry uses them only
+    /// if each block is still the one read (same place, version and crc): otherwise it asks
+    /// again.
+    Fetch(Vec<(Ino, u64, Block)>),
+}
+
+/// A block's bytes read from the device for an operation, and which block they were.
+#[derive(Debug)]
+pub(crate) struct Fetched {
+    pub addr: u64,
+    pub ver: u64,
+    pub crc: u32,
+    /// The bytes (crc checked), or why they could not be had (a read error or a checksum
+    /// mismatch of the block as it still is: `EIO`).
+    pub bytes: std::result::Result<std::sync::Arc<Vec<u8>>, String>,
+}
+
+impl Fetched {
+    /// Are these the bytes of `block` as it is now?
+    pub fn is_of(&self, block: &Block) -> bool {
+        block.tx.is_some() && (block.addr, block.ver, block.crc) == (self.addr, self.ver, self.crc)
+    }
 }
 
 impl From<FsError> for Stop {
@@ -259,6 +282,8 @@ pub(crate) struct Cx {
     new_locks: Vec<Key>,
     /// Mutants only: keys committed in a transaction of their own, before the rest.
     pub split: BTreeSet<Key>,
+    /// Blocks read from the device for this operation by earlier tries ([`Stop::Fetch`]).
+    pub fetched: HashMap<(Ino, u64), Fetched>,
 }
 
 impl Cx {
@@ -388,6 +413,45 @@ impl Cx {
             self.undo.push(Undo::Freed(ino, Box::new(i)));
         }
         Ok(())
+    }
+
+    /// The committed bytes of block `b` of `ino` (`block`, its entry now): from memory, or
+    /// as an earlier try read them from the device; else [`Stop::Fetch`] (no device I/O
+    /// under the state lock).
+    pub fn block_bytes(
+        &self,
+        ino: Ino,
+        b: u64,
+        block: &Block,
+    ) -> OpResult<std::sync::Arc<Vec<u8>>> {
+        if let Some(d) = &block.data {
+            return Ok(d.clone());
+        }
+        match self.fetched.get(&(ino, b)) {
+            Some(f) if f.is_of(block) => match &f.bytes {
+                Ok(bytes) => Ok(bytes.clone()),
+                Err(why) => Err(Stop::Err(FsError::Io(why.clone()))),
+            },
+            _ => Err(Stop::Fetch(vec![(ino, b, block.clone())])),
+        }
+    }
+
+    /// [`Stop::Fetch`] for every block of `blocks` whose bytes are neither in memory nor
+    /// fetched already (one retry for all of them, not one per block).
+    pub fn need(&self, ino: Ino, blocks: &[(u64, Block)]) -> OpResult<()> {
+        let missing: Vec<(Ino, u64, Block)> = blocks
+            .iter()
+            .filter(|(b, block)| {
+                block.data.is_none()
+                    && !self.fetched.get(&(ino, *b)).is_some_and(|f| f.is_of(block))
+            })
+            .map(|(b, block)| (ino, *b, block.clone()))
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(Stop::Fetch(missing))
+        }
     }
 
     /// Undo everything the operation did and release the locks it took.

@@ -12,7 +12,7 @@ use crate::txn::Cx;
 use crate::types::*;
 use crate::{FsError, Result};
 
-use super::{Fs, CACHE_LIMIT};
+use super::Fs;
 
 /// Committed data blocks that a committed change (with pre-images `undo`) made dead:
 /// overwritten or removed blocks, and every block of a freed inode. A hint for cleaning.
@@ -218,7 +218,7 @@ impl Fs {
                         block.ver = ver;
                         block.addr = info.data_start + u64::from(idx);
                         block.tx = Some(ticket);
-                        st.cached.push_back(Cached { tx: ticket, ino: *ino, block: *b, ver });
+                        st.cached.push(Cached { tx: ticket, ino: *ino, block: *b, ver });
                         st.cached_bytes += self.bs as usize;
                     }
                 }
@@ -235,31 +235,28 @@ impl Fs {
                 i.last_tx = Some(ticket);
             }
         }
-        if st.cached_bytes > CACHE_LIMIT {
-            self.log.sync()?;
-            self.prune_cache(st);
-        }
+        // Past `CACHE_LIMIT` the caller writes the cache out once the state lock is dropped
+        // (`Fs::write_out_cache`).
         Ok(Some(ticket))
     }
 
-    /// Drop the cached bytes of data blocks whose transactions are durable.
+    /// Drop the cached bytes of data blocks whose transactions are durable: each stream's
+    /// durable prefix, so the cost is what is dropped (an fsync calls it).
     pub(crate) fn prune_cache(&self, st: &mut State) {
         let bs = self.bs as usize;
-        let log = &self.log;
-        let mut keep = std::collections::VecDeque::new();
-        for c in std::mem::take(&mut st.cached) {
-            if log.durable_seq(c.tx.stream) >= c.tx.seq {
-                st.cached_bytes = st.cached_bytes.saturating_sub(bs);
-                if let Some(b) = st.inodes.get_mut(&c.ino).and_then(|i| i.blocks.get_mut(&c.block))
-                {
+        let State { cached, cached_bytes, inodes, .. } = st;
+        for (s, queue) in cached.0.iter_mut().enumerate() {
+            let Ok(stream) = u16::try_from(s) else { break };
+            let durable = self.log.durable_seq(stream);
+            while let Some(c) = queue.front().filter(|c| c.tx.seq <= durable).copied() {
+                queue.pop_front();
+                *cached_bytes = cached_bytes.saturating_sub(bs);
+                if let Some(b) = inodes.get_mut(&c.ino).and_then(|i| i.blocks.get_mut(&c.block)) {
                     if b.ver == c.ver {
                         b.data = None;
                     }
                 }
-            } else {
-                keep.push_back(c);
             }
         }
-        st.cached = keep;
     }
 }

@@ -63,8 +63,9 @@ impl Fs {
             let (first, last) = (from_offset / bs, (from_offset + len - 1) / bs);
             let blocks: Vec<_> =
                 source.blocks.range(first..=last).map(|(&b, block)| (b, block.clone())).collect();
+            cx.need(from, &blocks)?;
             for (b, block) in blocks {
-                let data = self.block_bytes(from, b, &block)?;
+                let data = cx.block_bytes(from, b, &block)?;
                 let (bstart, bend) = (b * bs, (b + 1) * bs);
                 let (lo, hi) = (from_offset.max(bstart), (from_offset + len).min(bend));
                 bytes[(lo - from_offset) as usize..(hi - from_offset) as usize]

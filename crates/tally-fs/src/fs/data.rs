@@ -173,7 +173,7 @@ impl Fs {
             if !size.is_multiple_of(bs) {
                 let b = size / bs;
                 if let Some(block) = st.inode(ino)?.blocks.get(&b).cloned() {
-                    let mut bytes = self.block_bytes(ino, b, &block)?.as_ref().clone();
+                    let mut bytes = cx.block_bytes(ino, b, &block)?.as_ref().clone();
                     bytes[(size % bs) as usize..].fill(0);
                     cx.block(st, ino, b);
                     Self::put_block(st, ino, b, bytes)?;
@@ -294,7 +294,7 @@ impl Fs {
                 part.to_vec()
             } else {
                 let mut bytes = match st.inode(ino)?.blocks.get(&b).cloned() {
-                    Some(block) => self.block_bytes(ino, b, &block)?.as_ref().clone(),
+                    Some(block) => cx.block_bytes(ino, b, &block)?.as_ref().clone(),
                     None => vec![0u8; bs as usize],
                 };
                 bytes[(from - bstart) as usize..(to - bstart) as usize].copy_from_slice(part);
@@ -389,7 +389,7 @@ impl Fs {
             if from == bstart && to == bend {
                 st.inode_mut(ino)?.blocks.remove(&b);
             } else {
-                let mut bytes = self.block_bytes(ino, b, &block)?.as_ref().clone();
+                let mut bytes = cx.block_bytes(ino, b, &block)?.as_ref().clone();
                 bytes[(from - bstart) as usize..(to - bstart) as usize].fill(0);
                 Self::put_block(st, ino, b, bytes)?;
             }

@@ -135,6 +135,8 @@ pub struct Fs {
     pub(crate) state: Mutex<State>,
     /// Signalled when an explicit transaction ends (waiters retry).
     cv: Condvar,
+    /// Held by the one thread cleaning because space is low ([`Fs::clean_for_space`]).
+    cleaner: Mutex<()>,
     pub(crate) streams: u16,
     pub(crate) bs: u32,
     /// Most data blocks one operation's transaction carries.
@@ -316,6 +318,7 @@ impl Fs {
             log,
             state: Mutex::new(st),
             cv: Condvar::new(),
+            cleaner: Mutex::new(()),
             mutant: opts.mutant,
             policy: opts.streams,
             report,
@@ -361,10 +364,13 @@ impl Fs {
         }
         // Everything the state holds is committed (no transaction is open, and operations
         // commit under this lock): once durable, the state is exactly what the log holds.
-        self.log.sync().map_err(|e| self.fail(e))?;
+        // The state lock is held: `fail` would take it again (a deadlock, seen when a flush
+        // failed at a checkpoint due after an operation).
+        self.log.sync().map_err(|e| Self::fail_locked(st, e))?;
         self.prune_cache(st);
         let payload = crate::snapshot::encode(st);
-        let written = self.log.checkpoint_snapshot(&payload).map_err(|e| self.fail(e))?;
+        let written =
+            self.log.checkpoint_snapshot(&payload).map_err(|e| Self::fail_locked(st, e))?;
         if written {
             st.checkpoint_ver = Some(st.next_ver);
         }
@@ -470,6 +476,13 @@ impl Fs {
     /// Run one operation: `f` changes the DRAM state through `cx` (which keeps pre-images);
     /// then the changes are committed as one log transaction (or handed to the explicit
     /// transaction). Any failure rolls the DRAM state back exactly.
+    ///
+    /// No device I/O happens here under the state lock but the log's placement (and a due
+    /// checkpoint snapshot): bytes of committed blocks the operation needs are read with the
+    /// lock dropped and the operation retried ([`Stop::Fetch`]); cleaning when space is low
+    /// runs before it, giving the lock up between segments ([`Fs::clean_for_space`]); the
+    /// write-out of data held in memory past [`CACHE_LIMIT`] follows the commit, outside the
+    /// lock, and cannot fail the operation, which is committed by then.
     pub(crate) fn op<T>(
         &self,
         txn: Option<&Txn>,
@@ -479,6 +492,8 @@ impl Fs {
     ) -> Result<T> {
         let mut st = lock(&self.state)?;
         let mut waited_since: Option<std::time::Instant> = None;
+        let mut fetched = std::collections::HashMap::new();
+        let mut cleaned = false;
         loop {
             if let Some(e) = &st.failed {
                 return Err(FsError::ReadOnly(e.clone()));
@@ -489,8 +504,15 @@ impl Fs {
                     return Err(FsError::NoTxn);
                 }
             }
-            self.clean_before_op(&mut st)?;
+            if !cleaned && self.cleaning_due(&mut st) {
+                cleaned = true;
+                drop(st);
+                self.clean_for_space()?;
+                st = lock(&self.state)?;
+                continue;
+            }
             let mut cx = Cx::new(id);
+            cx.fetched = std::mem::take(&mut fetched);
             match f(&mut st, &mut cx) {
                 Ok(v) => {
                     // Operations that add data or objects leave the reserves and the
@@ -513,6 +535,11 @@ impl Fs {
                                     tracing::warn!("checkpoint after an operation: {e}");
                                 }
                             }
+                            let over = st.cached_bytes > CACHE_LIMIT;
+                            drop(st);
+                            if over {
+                                self.write_out_cache();
+                            }
                         }
                     }
                     return Ok(v);
@@ -520,6 +547,17 @@ impl Fs {
                 Err(Stop::Err(e)) => {
                     cx.rollback(&mut st);
                     return Err(e);
+                }
+                Err(Stop::Fetch(blocks)) => {
+                    fetched = std::mem::take(&mut cx.fetched);
+                    cx.rollback(&mut st);
+                    drop(st);
+                    for (ino, b, block) in blocks {
+                        let bytes = self.fetch_block(ino, b, &block);
+                        let (addr, ver, crc) = (block.addr, block.ver, block.crc);
+                        fetched.insert((ino, b), crate::txn::Fetched { addr, ver, crc, bytes });
+                    }
+                    st = lock(&self.state)?;
                 }
                 Err(Stop::Wait) => {
                     cx.rollback(&mut st);
@@ -541,36 +579,65 @@ impl Fs {
         }
     }
 
-    /// Clean while space is low (any operation: deletes need room for their records too):
-    /// the oldest segment of the stream whose oldest segment is least live, whatever its
-    /// share of live data, as long as that, packed, fits in a segment — cleaning never loses
-    /// space, and moving a stream's live head on is what reaches the dead space behind it.
-    /// Bounded by one pass over the log; a pass that leaves space low is not repeated until
-    /// more data dies. Cleaning plans its relocations before writing, so it fails cleanly
-    /// when even they do not fit.
-    fn clean_before_op(&self, st: &mut State) -> Result<()> {
+    /// Make the data held in memory durable and drop it, after a commit took it past
+    /// [`CACHE_LIMIT`]: outside the state lock (the calling operation waits for it, so writers
+    /// cannot outrun the device: back-pressure), and never an error of the operation, which
+    /// is committed: a failed flush makes the file system read-only (fail-stop), and the next
+    /// operation says so.
+    pub(crate) fn write_out_cache(&self) {
+        if let Err(e) = self.log.sync() {
+            let e = self.fail(e);
+            tracing::error!("write-out of data held in memory failed: {e}");
+            return;
+        }
+        if let Ok(mut st) = lock(&self.state) {
+            self.prune_cache(&mut st);
+        }
+    }
+
+    /// Is space low enough that cleaning must run before an operation? Any operation asks
+    /// (deletes need room for their records too). Not while explicit transactions are open,
+    /// and not again after a pass that left space low until more data dies.
+    fn cleaning_due(&self, st: &mut State) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         // The snapshot's segments are not free for operations either (`space.rs`).
         let kept = RESERVED_SEGMENTS.saturating_add(self.snapshot_segments(st));
-        let low = |fs: &Fs| fs.log.free_segments() <= kept + 1;
-        if !low(self)
-            || !st.txns.open.is_empty()
-            || self.futile_clean_at.load(Relaxed) == st.dead_blocks
-        {
-            return Ok(());
-        }
+        self.log.free_segments() <= kept + 1
+            && st.txns.open.is_empty()
+            && self.futile_clean_at.load(Relaxed) != st.dead_blocks
+    }
+
+    /// Clean while space is low: the oldest segment of the stream whose oldest segment is
+    /// least live, whatever its share of live data, as long as that, packed, fits in a
+    /// segment — cleaning never loses space, and moving a stream's live head on is what
+    /// reaches the dead space behind it. Bounded by one pass over the log; a pass that leaves
+    /// space low is not repeated until more data dies. Cleaning plans its relocations before
+    /// writing, so it fails cleanly when even they do not fit.
+    ///
+    /// Called with the state lock not held: it is taken for one segment at a time, so
+    /// operations that need no space go on meanwhile. One thread cleans at a time; others
+    /// that found space low wait for it (back-pressure) and then find room, or clean on.
+    pub(crate) fn clean_for_space(&self) -> Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let _cleaner = self.cleaner.lock().map_err(|_| FsError::Poisoned)?;
         let segments = self.log.device().geometry().block_count / u64::from(self.segment_blocks);
+        let mut st = lock(&self.state)?;
+        if let Some(e) = &st.failed {
+            return Err(FsError::ReadOnly(e.clone()));
+        }
         for _ in 0..segments {
-            if !low(self) {
+            if !self.cleaning_due(&mut st) {
                 return Ok(());
             }
-            match self.clean_some(st, 100) {
+            match self.clean_some(&mut st, 100) {
                 Ok(true) => {}
                 Ok(false) | Err(FsError::NoSpace) => break,
                 Err(e) => return Err(e),
             }
+            drop(st);
+            st = lock(&self.state)?;
         }
-        if low(self) {
+        if self.cleaning_due(&mut st) {
             self.futile_clean_at.store(st.dead_blocks, Relaxed);
         }
         Ok(())
@@ -582,6 +649,15 @@ impl Fs {
             StreamPolicy::PerFile => (ino % n) as u16,
             StreamPolicy::PerThread => (thread_slot() % n) as u16,
         }
+    }
+
+    /// [`Fs::fail`] with the state lock held.
+    pub(crate) fn fail_locked(st: &mut State, e: LogError) -> FsError {
+        let e = FsError::from(e);
+        if let FsError::ReadOnly(m) | FsError::Io(m) = &e {
+            st.failed.get_or_insert_with(|| m.clone());
+        }
+        e
     }
 
     pub(crate) fn fail(&self, e: LogError) -> FsError {

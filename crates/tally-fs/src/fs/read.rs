@@ -133,27 +133,56 @@ impl Fs {
                     put(*b, bytes);
                     continue;
                 }
-                // Punched or truncated meanwhile: zeros.
-                let st = lock(&self.state)?;
-                if let Some(now) = st.inode(ino)?.blocks.get(b) {
-                    put(*b, &self.block_bytes(ino, *b, now)?);
+                // Moved by cleaning (its old place reused), punched or truncated meanwhile
+                // (zeros): look again.
+                if let Some(now) = self.block_now(ino, *b)? {
+                    put(*b, &now);
                 }
             }
         }
         Ok(out)
     }
 
-    pub(crate) fn block_bytes(&self, ino: Ino, b: u64, block: &Block) -> Result<Arc<Vec<u8>>> {
+    /// Block `b` of `ino` as it is now (`None`: a hole), read with the state lock dropped; a
+    /// read that fails for the block as it still is, twice, is `EIO`.
+    fn block_now(&self, ino: Ino, b: u64) -> Result<Option<Arc<Vec<u8>>>> {
+        let mut failed_at = None;
+        loop {
+            let block = {
+                let st = lock(&self.state)?;
+                match st.inode(ino)?.blocks.get(&b) {
+                    Some(block) => block.clone(),
+                    None => return Ok(None),
+                }
+            };
+            match self.fetch_block(ino, b, &block) {
+                Ok(bytes) => return Ok(Some(bytes)),
+                Err(why) if failed_at == Some((block.addr, block.ver, block.crc)) => {
+                    return Err(FsError::Io(why));
+                }
+                Err(_) => failed_at = Some((block.addr, block.ver, block.crc)),
+            }
+        }
+    }
+
+    /// A committed block's bytes: from memory, or read from the device (with no lock held)
+    /// and checked against its crc. The error says why, in words.
+    pub(crate) fn fetch_block(
+        &self,
+        ino: Ino,
+        b: u64,
+        block: &Block,
+    ) -> std::result::Result<Arc<Vec<u8>>, String> {
         if let Some(d) = &block.data {
             return Ok(d.clone());
         }
         let mut buf = vec![0u8; self.bs as usize];
-        self.log.device().read(block.addr, &mut buf).map_err(|e| FsError::Io(e.to_string()))?;
+        self.log.device().read(block.addr, &mut buf).map_err(|e| e.to_string())?;
         if crc32c::crc32c(&buf) != block.crc {
-            return Err(FsError::Io(format!(
+            return Err(format!(
                 "checksum mismatch in block {b} of inode {ino} (device block {})",
                 block.addr
-            )));
+            ));
         }
         Ok(Arc::new(buf))
     }
@@ -192,10 +221,8 @@ impl Fs {
     pub fn statfs(&self) -> StatFs {
         let mut st = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let blocks = self.log.device().geometry().block_count;
-        // What operations that grow may still use: the reserves (deletes, cleaning, the
-        // unmount snapshot) and `fallocate`'s reservations are not free.
-        let reserved = Self::reservation_cost(st.reserved.blocks());
-        let free = self.growth_blocks(&mut st).saturating_sub(reserved);
+        // Capacity − live − reserved: dead space counts as free at once (`live.rs`).
+        let free = self.space_usage(&mut st).free_blocks;
         StatFs {
             block_size: self.bs,
             blocks,
