@@ -12,17 +12,19 @@
 //! between those calls, and it holds the EXCLUSIVE lock meanwhile (SQLite writes the database
 //! file only under it), so no other handle writes the file during a batch.
 
-use std::ffi::{c_int, c_void};
-use std::sync::atomic::Ordering;
+use std::ffi::{CString, c_int, c_void};
+use std::ptr::NonNull;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
-use rusqlite::ffi;
+use rusqlite::{Connection, ffi};
 use tally_fs::{FileKind, FsError, Ino, SetAttr, Txn};
 
+use crate::atomic::Group;
 use crate::lock::HandleId;
 use crate::mutant::VfsMutant;
 use crate::path;
-use crate::vfs::{guard, Counters, Shared};
+use crate::vfs::{Counters, Shared, guard};
 
 /// What SQLite allocates for each open file (`szOsFile` bytes): the base struct first, as the
 /// VFS contract requires, then our handle.
@@ -53,6 +55,9 @@ pub(crate) struct Handle {
     batch_bytes: u64,
     /// A rollback journal: each write is ordered before every later write (see `write`).
     journal: bool,
+    /// The [`atomic`](crate::atomic) group this database file belongs to, if any: while its
+    /// transaction is open every write and truncate goes into it.
+    group: Option<Arc<Group>>,
 }
 
 static IO_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
@@ -92,6 +97,7 @@ pub(crate) fn open(
         txn: None,
         batch_bytes: 0,
         journal: flags & ffi::SQLITE_OPEN_MAIN_JOURNAL != 0,
+        group: None,
     };
     let Some(name) = name else { return Ok(handle(Backing::Memory(Vec::new()))) };
     let fs = &shared.fs;
@@ -99,7 +105,7 @@ pub(crate) fn open(
     let create = flags & ffi::SQLITE_OPEN_CREATE != 0;
     let ino = match fs.lookup(dir, leaf) {
         Ok(_) if create && flags & ffi::SQLITE_OPEN_EXCLUSIVE != 0 => {
-            return Err(ffi::SQLITE_CANTOPEN)
+            return Err(ffi::SQLITE_CANTOPEN);
         }
         Ok(attr) if attr.kind == FileKind::File => attr.ino,
         Ok(_) => return Err(ffi::SQLITE_CANTOPEN),
@@ -207,12 +213,26 @@ impl Handle {
                 return ffi::SQLITE_OK;
             }
         };
+        if let Some(group) = self.group() {
+            let mut st = group.state();
+            if st.txn.is_some() {
+                let total = st.bytes.saturating_add(self.span_bytes(data.len(), offset));
+                if total > self.shared.batch_bytes_max {
+                    // SQLite's phase one fails, and it rolls the whole transaction back.
+                    Counters::bump(&self.shared.counters.batch_overflows);
+                    return ffi::SQLITE_IOERR_WRITE;
+                }
+                let result = self.shared.fs.write(st.txn.as_ref(), ino, offset, data);
+                st.bytes = total;
+                return match result {
+                    Ok(n) if n == data.len() => ffi::SQLITE_OK,
+                    _ => ffi::SQLITE_IOERR_WRITE,
+                };
+            }
+        }
         let fs = &self.shared.fs;
         if let Some(txn) = &self.txn {
-            let bs = self.block_size();
-            let end = offset.saturating_add(data.len() as u64);
-            let blocks = end.div_ceil(bs).saturating_sub(offset / bs);
-            let total = self.batch_bytes.saturating_add(blocks.saturating_mul(bs));
+            let total = self.batch_bytes.saturating_add(self.span_bytes(data.len(), offset));
             if total > self.shared.batch_bytes_max {
                 // SQLite answers an I/O error in a batch by rolling it back and redoing the
                 // commit through a journal: the way out for transactions too large for one.
@@ -246,6 +266,30 @@ impl Handle {
         }
     }
 
+    /// Bytes of the whole blocks a write of `len` bytes at `offset` covers.
+    fn span_bytes(&self, len: usize, offset: u64) -> u64 {
+        let bs = self.block_size();
+        let end = offset.saturating_add(len as u64);
+        end.div_ceil(bs).saturating_sub(offset / bs).saturating_mul(bs)
+    }
+
+    /// The group this file belongs to while it is in use (a group the wrapper has ended is let
+    /// go here).
+    fn group(&mut self) -> Option<Arc<Group>> {
+        if self.shared.mutant() == Some(VfsMutant::GroupCommitsEachFile) {
+            return None;
+        }
+        if self.group.as_ref().is_some_and(|g| g.state().ended) {
+            self.group = None;
+        }
+        self.group.clone()
+    }
+
+    /// Whether this file's writes go into an open group transaction now.
+    fn in_group_txn(&mut self) -> bool {
+        self.group().is_some_and(|g| g.state().txn.is_some())
+    }
+
     fn truncate(&mut self, size: u64) -> c_int {
         let ino = match &mut self.backing {
             Backing::Fs { ino } => *ino,
@@ -255,6 +299,15 @@ impl Handle {
             }
         };
         let set = SetAttr { size: Some(size), ..SetAttr::default() };
+        if let Some(group) = self.group() {
+            let st = group.state();
+            if st.txn.is_some() {
+                return match self.shared.fs.setattr(st.txn.as_ref(), ino, &set) {
+                    Ok(_) => ffi::SQLITE_OK,
+                    Err(_) => ffi::SQLITE_IOERR_TRUNCATE,
+                };
+            }
+        }
         let result = self.shared.fs.setattr(self.txn.as_ref(), ino, &set);
         if self.txn.is_none() {
             self.shared.locks().wrote(ino);
@@ -265,8 +318,13 @@ impl Handle {
         }
     }
 
-    fn sync(&self) -> c_int {
+    fn sync(&mut self) -> c_int {
         let Backing::Fs { ino } = self.backing else { return ffi::SQLITE_OK };
+        if self.in_group_txn() {
+            // The group's durable commit, before SQLite unlocks, makes it all durable.
+            Counters::bump(&self.shared.counters.syncs_skipped);
+            return ffi::SQLITE_OK;
+        }
         let counters = &self.shared.counters;
         let writes = {
             let mut locks = self.shared.locks();
@@ -301,6 +359,10 @@ impl Handle {
         if self.txn.is_some() {
             return ffi::SQLITE_IOERR_BEGIN_ATOMIC;
         }
+        if self.in_group_txn() {
+            // The batch's writes go into the group, which commits at phase two.
+            return ffi::SQLITE_OK;
+        }
         match self.shared.fs.begin() {
             Ok(txn) => {
                 self.txn = Some(txn);
@@ -313,6 +375,9 @@ impl Handle {
 
     fn commit_batch(&mut self) -> c_int {
         let Backing::Fs { ino } = self.backing else { return ffi::SQLITE_NOTFOUND };
+        if self.txn.is_none() && self.in_group_txn() {
+            return ffi::SQLITE_OK;
+        }
         let Some(txn) = self.txn.take() else { return ffi::SQLITE_IOERR_COMMIT_ATOMIC };
         let fs = &self.shared.fs;
         // Plain writes before the batch are covered by its durable commit: they precede it on
@@ -348,6 +413,25 @@ impl Handle {
         match result {
             Ok(()) => ffi::SQLITE_OK,
             Err(_) => ffi::SQLITE_IOERR_ROLLBACK_ATOMIC,
+        }
+    }
+
+    /// `SQLITE_FCNTL_COMMIT_PHASETWO`: every database's phase one is done and none is unlocked
+    /// yet; the first member to get it commits the group.
+    fn phase_two(&mut self) -> c_int {
+        match self.group() {
+            Some(group) => group.commit(),
+            None => ffi::SQLITE_NOTFOUND,
+        }
+    }
+
+    /// SQLite lowers this file's lock from `from` to `to`: the end of a transaction that did
+    /// not commit the group (a commit would have ended it at phase two) aborts it.
+    fn unlocking(&mut self, from: c_int, to: c_int) {
+        if from >= ffi::SQLITE_LOCK_RESERVED && to < ffi::SQLITE_LOCK_RESERVED {
+            if let Some(group) = self.group() {
+                group.abort();
+            }
         }
     }
 
@@ -484,6 +568,7 @@ unsafe extern "C" fn x_unlock(file: *mut ffi::sqlite3_file, want: c_int) -> c_in
             h.level = want;
             return ffi::SQLITE_OK;
         };
+        h.unlocking(h.level, want);
         h.level = h.shared.locks().unlock(ino, h.id, h.level, want);
         ffi::SQLITE_OK
     })
@@ -515,6 +600,7 @@ unsafe extern "C" fn x_file_control(
             ffi::SQLITE_FCNTL_BEGIN_ATOMIC_WRITE => h.begin_batch(),
             ffi::SQLITE_FCNTL_COMMIT_ATOMIC_WRITE => h.commit_batch(),
             ffi::SQLITE_FCNTL_ROLLBACK_ATOMIC_WRITE => h.rollback_batch(),
+            ffi::SQLITE_FCNTL_COMMIT_PHASETWO => h.phase_two(),
             _ => ffi::SQLITE_NOTFOUND,
         }
     })
@@ -541,4 +627,68 @@ unsafe extern "C" fn x_device_characteristics(file: *mut ffi::sqlite3_file) -> c
         }
         caps
     })
+}
+
+/// A database file of a connection, reached through `SQLITE_FCNTL_FILE_POINTER` by
+/// [`atomic`](crate::atomic) before it begins the transaction.
+pub(crate) struct Member(NonNull<Handle>);
+
+impl Member {
+    fn handle(&self) -> &Handle {
+        // SAFETY: `member` checked the file is one of ours; the connection keeps it open and
+        // runs no SQLite call while `atomic` holds `&Connection` between statements (a
+        // Connection is not Sync), so nothing else touches the handle meanwhile.
+        unsafe { self.0.as_ref() }
+    }
+
+    /// The VFS state the file belongs to.
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        self.handle().shared.clone()
+    }
+
+    /// The file's inode (none for a memory file).
+    pub(crate) fn ino(&self) -> Option<Ino> {
+        match self.handle().backing {
+            Backing::Fs { ino } => Some(ino),
+            Backing::Memory(_) => None,
+        }
+    }
+
+    /// Make the file a member of `group`; false if it is in another group still in use.
+    pub(crate) fn join(&self, group: &Arc<Group>) -> bool {
+        // SAFETY: as in `handle`, and no reference from `handle` is alive.
+        let h = unsafe { &mut *self.0.as_ptr() };
+        if h.group().is_some() {
+            return false;
+        }
+        h.group = Some(group.clone());
+        true
+    }
+}
+
+/// The file of database `schema` of `conn`, if it is a file of a Tally VFS.
+pub(crate) fn member(conn: &Connection, schema: &str) -> Option<Member> {
+    let name = CString::new(schema).ok()?;
+    let mut file: *mut ffi::sqlite3_file = std::ptr::null_mut();
+    // SAFETY: a live connection; FILE_POINTER writes the database's `sqlite3_file *` into the
+    // pointer passed, or fails for an unknown schema.
+    let rc = unsafe {
+        ffi::sqlite3_file_control(
+            conn.handle(),
+            name.as_ptr(),
+            ffi::SQLITE_FCNTL_FILE_POINTER,
+            (&raw mut file).cast::<c_void>(),
+        )
+    };
+    if rc != ffi::SQLITE_OK || file.is_null() {
+        return None;
+    }
+    // SAFETY: SQLite returned the open file of that database; its first field is pMethods.
+    let methods = unsafe { (*file).pMethods };
+    if !std::ptr::eq(methods, &IO_METHODS) {
+        return None;
+    }
+    // SAFETY: the methods are ours, so `install` set the file up as a FileObject.
+    let handle = unsafe { (*file.cast::<FileObject>()).handle };
+    NonNull::new(handle).map(Member)
 }

@@ -55,11 +55,13 @@
 //! ```
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+mod atomic;
 mod file;
 mod lock;
 mod mutant;
 mod path;
 mod vfs;
 
-pub use mutant::{available as mutants_available, VfsMutant};
+pub use atomic::{AtomicError, atomic};
+pub use mutant::{VfsMutant, available as mutants_available};
 pub use vfs::{TallyVfs, VfsError, VfsOptions, VfsStats};

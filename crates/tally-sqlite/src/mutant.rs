@@ -1,5 +1,5 @@
 //! Deliberately broken variants of the VFS, usable only with the `mutants` feature. Each
-//! removes one thing SQLite's batch-atomic commit relies on; `tests/crash.rs` must catch both
+//! removes one thing SQLite's batch-atomic commit relies on; `tests/crash.rs` and `tests/attach_crash.rs` must catch each
 //! (a checker that cannot fail proves nothing).
 
 /// A broken variant of the VFS.
@@ -14,11 +14,24 @@ pub enum VfsMutant {
     /// aborting them: a batch SQLite gave up on (and then redoes through a journal) leaves
     /// half a transaction in the file until the redo lands.
     RollbackKeepsPages,
+    /// [`atomic`](crate::atomic) groups nothing: each database commits its own batch (one
+    /// `Fs` transaction per file, each durable), as SQLite does in `journal_mode=MEMORY` on
+    /// its own. A crash between two files' commits keeps one database's half of the
+    /// transaction.
+    GroupCommitsEachFile,
+    /// [`atomic`](crate::atomic) leaves the second database out of the group: its pages are
+    /// committed by its own batch in SQLite's phase one, before the group's commit.
+    GroupLeavesSecondFile,
 }
 
 impl VfsMutant {
     /// Every mutant.
-    pub const ALL: [VfsMutant; 2] = [VfsMutant::CommitNotDurable, VfsMutant::RollbackKeepsPages];
+    pub const ALL: [VfsMutant; 4] = [
+        VfsMutant::CommitNotDurable,
+        VfsMutant::RollbackKeepsPages,
+        VfsMutant::GroupCommitsEachFile,
+        VfsMutant::GroupLeavesSecondFile,
+    ];
 
     /// Kebab-case name.
     #[must_use]
@@ -26,6 +39,8 @@ impl VfsMutant {
         match self {
             VfsMutant::CommitNotDurable => "commit-not-durable",
             VfsMutant::RollbackKeepsPages => "rollback-keeps-pages",
+            VfsMutant::GroupCommitsEachFile => "group-commits-each-file",
+            VfsMutant::GroupLeavesSecondFile => "group-leaves-second-file",
         }
     }
 }

@@ -8,8 +8,8 @@
 //! - the box is freed only after `sqlite3_vfs_unregister` and only when no file is open
 //!   (otherwise it is leaked, a few hundred bytes, rather than freed under a connection).
 
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -88,8 +88,13 @@ pub struct VfsStats {
     pub journal_opens: u64,
     /// `xSync` calls that waited for durability.
     pub syncs: u64,
-    /// `xSync` calls with nothing left to make durable (after a batch commit).
+    /// `xSync` calls with nothing left to make durable (after a batch commit, or inside an
+    /// [`atomic`](crate::atomic) group).
     pub syncs_skipped: u64,
+    /// [`atomic`](crate::atomic) groups committed (one `Fs` transaction each).
+    pub group_commits: u64,
+    /// [`atomic`](crate::atomic) groups aborted, or whose commit failed.
+    pub group_aborts: u64,
 }
 
 #[derive(Debug, Default)]
@@ -100,6 +105,8 @@ pub(crate) struct Counters {
     pub(crate) journal_opens: AtomicU64,
     pub(crate) syncs: AtomicU64,
     pub(crate) syncs_skipped: AtomicU64,
+    pub(crate) group_commits: AtomicU64,
+    pub(crate) group_aborts: AtomicU64,
 }
 
 impl Counters {
@@ -264,6 +271,8 @@ impl TallyVfs {
             journal_opens: get(&c.journal_opens),
             syncs: get(&c.syncs),
             syncs_skipped: get(&c.syncs_skipped),
+            group_commits: get(&c.group_commits),
+            group_aborts: get(&c.group_aborts),
         }
     }
 }

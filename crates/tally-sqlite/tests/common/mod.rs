@@ -4,8 +4,8 @@
 
 #![allow(dead_code, reason = "each test file uses part of this module")]
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rusqlite::{Connection, OpenFlags};
 use tally_fs::{Fs, MkfsOptions, MountOptions, ROOT};
@@ -145,4 +145,145 @@ pub fn root_names(fs: &Fs) -> Vec<String> {
         .map(|e| String::from_utf8_lossy(&e.name).into_owned())
         .filter(|n| n != "." && n != "..")
         .collect()
+}
+
+/// The bank split over two databases: accounts `0..ACCOUNTS/2` in the main database `DB_A`,
+/// the rest in `DB_B`, attached as `b`; each transfer moves money from one database to the
+/// other and is recorded in both (`main.transfers`, `b.ledger`), in one [`tally_sqlite::atomic`]
+/// transaction.
+pub mod split {
+    use super::*;
+
+    pub const DB_A: &str = "/a.db";
+    pub const DB_B: &str = "/b.db";
+    pub const HALF: i64 = ACCOUNTS / 2;
+
+    /// Open `DB_A` and attach `DB_B`, rollback journal, `synchronous=FULL` on both.
+    pub fn try_open(vfs: &TallyVfs) -> rusqlite::Result<Connection> {
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let db = Connection::open_with_flags_and_vfs(DB_A, flags, vfs.name())?;
+        db.execute("ATTACH ?1 AS b", [DB_B])?;
+        db.execute_batch(
+            "PRAGMA main.journal_mode=DELETE; PRAGMA b.journal_mode=DELETE;
+             PRAGMA main.synchronous=FULL; PRAGMA b.synchronous=FULL;",
+        )?;
+        Ok(db)
+    }
+
+    pub fn open(vfs: &TallyVfs) -> Connection {
+        try_open(vfs).unwrap()
+    }
+
+    /// Create both halves (each in its own ordinary transaction).
+    pub fn create(db: &Connection) {
+        db.execute_batch(
+            "CREATE TABLE main.accounts(id INTEGER PRIMARY KEY, balance INTEGER NOT NULL);
+             CREATE TABLE main.transfers(id INTEGER PRIMARY KEY, src INTEGER, dst INTEGER,
+                                         amount INTEGER, note BLOB);
+             CREATE TABLE b.accounts(id INTEGER PRIMARY KEY, balance INTEGER NOT NULL);
+             CREATE TABLE b.ledger(id INTEGER PRIMARY KEY, src INTEGER, dst INTEGER,
+                                   amount INTEGER, note BLOB);",
+        )
+        .unwrap();
+        for id in 0..ACCOUNTS {
+            let table = if id < HALF { "main.accounts" } else { "b.accounts" };
+            db.execute(&format!("INSERT INTO {table} VALUES (?1, ?2)"), (id, OPENING)).unwrap();
+        }
+    }
+
+    /// Transfer `k`: as [`transfer`], with the destination moved into the other database.
+    pub fn transfer(seed: u64, k: i64) -> Transfer {
+        let mut t = super::transfer(seed, k);
+        let other = (t.dst % HALF) + if t.src < HALF { HALF } else { 0 };
+        t.dst = other;
+        t
+    }
+
+    /// Apply transfer `t` in one atomic group; the closure's SQL error is returned.
+    pub fn apply(db: &Connection, t: &Transfer) -> Result<(), tally_sqlite::AtomicError> {
+        tally_sqlite::atomic(db, |tx| {
+            let table = |id: i64| if id < HALF { "main.accounts" } else { "b.accounts" };
+            tx.execute(
+                &format!("UPDATE {} SET balance = balance - ?2 WHERE id = ?1", table(t.src)),
+                (t.src, t.amount),
+            )?;
+            tx.execute(
+                &format!("UPDATE {} SET balance = balance + ?2 WHERE id = ?1", table(t.dst)),
+                (t.dst, t.amount),
+            )?;
+            let half = t.note.len() / 2;
+            tx.execute(
+                "INSERT INTO main.transfers VALUES (?1, ?2, ?3, ?4, ?5)",
+                (t.id, t.src, t.dst, t.amount, &t.note[..half]),
+            )?;
+            tx.execute(
+                "INSERT INTO b.ledger VALUES (?1, ?2, ?3, ?4, ?5)",
+                (t.id, t.src, t.dst, t.amount, &t.note[half..]),
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Balances after transfers 1..=n.
+    pub fn model(seed: u64, n: i64) -> Vec<i64> {
+        let mut b = vec![OPENING; ACCOUNTS as usize];
+        for k in 1..=n {
+            let t = transfer(seed, k);
+            b[t.src as usize] -= t.amount;
+            b[t.dst as usize] += t.amount;
+        }
+        b
+    }
+
+    /// A transfer row: id, src, dst, amount, this database's half of the note.
+    type Row = (i64, i64, i64, i64, Vec<u8>);
+
+    /// What the two databases hold.
+    #[derive(Debug)]
+    pub struct Seen {
+        /// integrity_check of main and of b.
+        pub integrity: [String; 2],
+        /// Every balance, by account id (main's then b's).
+        pub balances: Vec<i64>,
+        /// Transfer ids in main.transfers and in b.ledger.
+        pub transfers: [Vec<i64>; 2],
+        /// Every row (both halves of the note joined) is the workload's.
+        pub rows_match: bool,
+    }
+
+    pub fn look(db: &Connection, seed: u64) -> rusqlite::Result<Seen> {
+        let ia: String = db.query_row("PRAGMA main.integrity_check", [], |r| r.get(0))?;
+        let ib: String = db.query_row("PRAGMA b.integrity_check", [], |r| r.get(0))?;
+        let mut stmt = db.prepare(
+            "SELECT balance FROM main.accounts UNION ALL SELECT balance FROM b.accounts",
+        )?;
+        let balances = stmt.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<Vec<i64>>>()?;
+        let rows = |table: &str| -> rusqlite::Result<Vec<Row>> {
+            let mut stmt =
+                db.prepare(&format!("SELECT id, src, dst, amount, note FROM {table} ORDER BY id"))?;
+            let v = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))?
+                .collect();
+            v
+        };
+        let a = rows("main.transfers")?;
+        let b = rows("b.ledger")?;
+        let rows_match = a.len() == b.len()
+            && a.iter().zip(&b).all(|(x, y)| {
+                let t = transfer(seed, x.0);
+                let note = [x.4.as_slice(), y.4.as_slice()].concat();
+                x.0 == y.0
+                    && (x.1, x.2, x.3) == (t.src, t.dst, t.amount)
+                    && (y.1, y.2, y.3) == (t.src, t.dst, t.amount)
+                    && note == t.note
+            });
+        Ok(Seen {
+            integrity: [ia, ib],
+            balances,
+            transfers: [a.iter().map(|r| r.0).collect(), b.iter().map(|r| r.0).collect()],
+            rows_match,
+        })
+    }
 }
