@@ -70,6 +70,18 @@ impl Pack {
     }
 }
 
+/// Blocks left in the current segment after a pack of `blocks` is committed with `left` left
+/// before it: it lands in the current segment if it fits, else at the start of the next.
+fn pack_lands(left: u64, blocks: u64, seg_blocks: u64) -> u64 {
+    let after = if blocks <= left { left - blocks } else { seg_blocks.saturating_sub(blocks) };
+    // One block holds no pack with data: the next one starts the next segment.
+    if after < 2 {
+        seg_blocks
+    } else {
+        after
+    }
+}
+
 /// What is live in an old transaction: each record (and data block, read) to relocate.
 type LiveOf = Vec<(Key, Record, Option<Vec<u8>>)>;
 
@@ -85,39 +97,45 @@ impl Fs {
         self.clean_locked(&mut st, stream, segments)
     }
 
-    /// When space is low: clean the oldest segment of the stream whose oldest segment has the
-    /// least live in it, if relocating that frees space (`max_live_percent` of a segment at
+    /// When space is low: clean the oldest segment of the stream whose oldest segment scores
+    /// best by cost-benefit, if relocating that frees space (`max_live_percent` of a segment at
     /// most is live). Returns whether a segment was freed.
     pub(crate) fn clean_some(&self, st: &mut State, max_live_percent: u64) -> Result<bool> {
         if !st.txns.open.is_empty() {
             return Ok(false);
         }
         let seg = u64::from(self.segment_blocks);
-        // Least live first; among equals, the longest chain: when every head is full of
-        // live data, moving the longest chain's head on is what reaches its dead space.
-        let mut best: Option<(u64, usize, u16)> = None;
-        let mut best_read = None;
+        // Cost-benefit (LFS): a head's benefit is the space it frees, (1 − u), weighed by
+        // how long its data has been left to die (its age: the segments written on its
+        // stream since, the chain's length), against the cost of reading it and writing its
+        // live part, (1 + u). `u` comes from the live data blocks counted from the block maps
+        // (`live.rs`), so choosing reads nothing; the chosen head is then measured exactly
+        // (its records too) before it is cleaned. Among equals (every head full of live data),
+        // the longest chain: moving its head on is what reaches the dead space behind it.
+        let live = self.live_data_by_segment(st);
+        let mut ranked: Vec<(f64, usize, u16)> = Vec::new();
         for s in 0..self.streams {
-            let Some(l) = self.measure_oldest_of(st, s)? else { continue };
-            let chain = self.log.segment_usage(s)?.len();
-            if best.is_none_or(|(b, c, _)| l.live_blocks < b || (l.live_blocks == b && chain > c)) {
-                best = Some((l.live_blocks, chain, s));
-                best_read = Some((l.segment, l.txs));
-            }
+            let chain = self.log.segment_usage(s)?;
+            let Some(head) = chain.first().filter(|_| chain.len() > 1) else { continue };
+            let u = (live.get(&head.segment).copied().unwrap_or(0) as f64 / seg as f64).min(1.0);
+            let age = chain.len() as f64;
+            ranked.push(((1.0 - u) * age / (1.0 + u), chain.len(), s));
         }
+        ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
         // Packed, a live part no larger than the segment never needs more than one new
         // segment (packs fill the current segment's end, the rest fits a fresh one; packing
         // never makes records larger), so cleaning it never loses a segment, and moves the
         // stream's head on to the segments behind it, which may gain.
         let gains = |live: u64| live <= seg && live * 100 <= seg * max_live_percent;
-        let Some((_, _, stream)) = best.filter(|&(live, _, _)| gains(live)) else {
-            return Ok(false);
-        };
-        let r = match best_read {
-            Some(read) => self.clean_one(st, stream, read)?,
-            None => self.clean_locked(st, stream, 1)?,
-        };
-        Ok(r.log.segments_freed > 0)
+        for (_, _, stream) in ranked {
+            let Some(l) = self.measure_oldest_of(st, stream)? else { continue };
+            if !gains(l.live_blocks) {
+                continue;
+            }
+            let r = self.clean_one(st, stream, (l.segment, l.txs))?;
+            return Ok(r.log.segments_freed > 0);
+        }
+        Ok(false)
     }
 
     fn pack_blocks(&self) -> u64 {
@@ -195,6 +213,8 @@ impl Fs {
         };
         let bs = u64::from(self.bs);
         let limit = self.pack_blocks();
+        let seg_blocks = u64::from(self.segment_blocks);
+        let mut left = u64::from(self.log.blocks_left_in_segment(stream)?);
         let tombstones_kept = self.mutant != Some(FsMutant::TombstoneDroppedEarly);
         // The mutant forgets the checkpoint snapshot while judging tombstones.
         let checkpoint_ver = st.checkpoint_ver;
@@ -214,8 +234,14 @@ impl Fs {
             }
             let data = live.iter().filter(|l| l.2.is_some()).count() as u64;
             let bytes = live.iter().map(|l| PER_RECORD + l.1.encode().len() as u64).sum();
-            if let Some(last) = open_last.filter(|_| open.blocks_with(bs, data, bytes) > limit) {
+            // A pack is cut to the blocks left in the segment it will land in, so packs fill
+            // segments to their ends instead of leaving a hole wherever the next one did not
+            // fit (a hole is never reused: the log only appends).
+            let fits = limit.min(left.max(2));
+            if let Some(last) = open_last.filter(|_| open.blocks_with(bs, data, bytes) > fits) {
+                let blocks = open.blocks_with(bs, 0, 0);
                 packs.push((last, std::mem::replace(&mut open, Pack::new(stream))));
+                left = pack_lands(left, blocks, seg_blocks);
             }
             for (key, rec, block) in live {
                 let rec = match (rec, block) {

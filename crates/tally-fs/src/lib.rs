@@ -47,6 +47,7 @@ mod clean;
 mod error;
 mod fs;
 mod fsck;
+mod live;
 mod mutant;
 pub mod record;
 mod reserve;
@@ -63,5 +64,6 @@ pub use fs::{
     REPLAY_BUDGET_DEFAULT,
 };
 pub use fsck::{FsckReport, SegmentLiveness};
+pub use live::SpaceUsage;
 pub use mutant::{available as mutants_available, FsMutant};
 pub use types::*;

@@ -61,6 +61,28 @@ impl Log {
         u32::try_from(segment).ok().filter(|&s| s < segment_count)
     }
 
+    /// Blocks left in `stream`'s current segment: a transaction of at most this many blocks
+    /// committed next on the stream lands in it; a larger one starts the next segment and
+    /// leaves these blocks unused for good (the log only appends). For the layer above to size
+    /// what it writes in bulk (cleaning's packs) so that segments are filled, not left with
+    /// holes at their ends.
+    ///
+    /// # Errors
+    /// An unknown stream.
+    pub fn blocks_left_in_segment(&self, stream: u16) -> Result<u32> {
+        let st = self
+            .streams
+            .get(usize::from(stream))
+            .ok_or_else(|| LogError::Invalid(format!("no stream {stream}")))?;
+        Ok(self.segment_blocks.saturating_sub(lock(st).offset))
+    }
+
+    /// Segments of the log (free or not).
+    #[must_use]
+    pub fn segment_count(&self) -> u32 {
+        lock(&self.sb).sb.segment_count
+    }
+
     /// Usage of each segment of `stream`'s chain since its checkpoint, oldest first.
     ///
     /// # Errors

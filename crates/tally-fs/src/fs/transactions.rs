@@ -88,6 +88,16 @@ impl Fs {
         if let Some(e) = &st.failed {
             return Err(FsError::ReadOnly(e.clone()));
         }
+        // The last chance to clean before this transaction's writes need space: operations
+        // inside a transaction never clean (liveness is judged on what is on media), and a
+        // writer that is always inside one (SQLite's atomic writes on the mount) would
+        // otherwise fill the log with dead blocks until `ENOSPC`. Back-pressure: the begin
+        // waits for the cleaning.
+        if self.cleaning_due(&mut st) {
+            drop(st);
+            self.clean_for_space()?;
+            st = lock(&self.state)?;
+        }
         st.txns.next += 1;
         let id = st.txns.next;
         st.txns.open.insert(
