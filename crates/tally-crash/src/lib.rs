@@ -1,18 +1,19 @@
-//! Crash-state exploration for Tally.
+//! Crash-state exploration for Tally: the explorers of the log ([`explore`]) and of the file
+//! system ([`fsexplore`]), which run workloads, crash them and check every image.
 //!
-//! [`CrashDevice`] is the simulated disk every correctness claim rests on: its fault model is
-//! stated at the top of `src/device/mod.rs` and in `docs/CRASH-MODEL.md`.
+//! The simulated devices they run on are in `tally-sim` (below the log and the file system, so
+//! those crates test against them directly); they are re-exported here, as [`device`], [`pmem`]
+//! and the names below. [`CrashDevice`] is the simulated disk every correctness claim rests on:
+//! its fault model is stated at the top of `tally-sim`'s `src/device/mod.rs` and in
+//! `docs/CRASH-MODEL.md`.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod device;
 pub mod explore;
 pub mod fsexplore;
-pub mod pmem;
 
-pub use device::{
+pub use tally_sim::{device, pmem};
+pub use tally_sim::{
     CompletionPolicy, CrashConfig, CrashDevice, CrashImages, CrashOptions, CrashPoint, CrashReport,
-    FaultPlan, RecordingDevice,
-};
-pub use pmem::{
-    PmemCrashImages, PmemCrashOptions, PmemCrashPoint, PmemSim, PmemSimDevice, PmemSimStats,
+    FaultPlan, PmemCrashImages, PmemCrashOptions, PmemCrashPoint, PmemSim, PmemSimDevice,
+    PmemSimStats, RecordingDevice,
 };

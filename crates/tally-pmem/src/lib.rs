@@ -71,7 +71,7 @@
 //! recovered), recovery never fails or panics on an image a crash can leave, a second open
 //! recovers the same transactions, and commits after recovery survive the next crash:
 //! `tests/crash.rs` checks them on every (or a seeded sample of every) crash image of
-//! `tally-crash`'s `PmemSim` at and inside every commit, with the mutants in [`Mutant`].
+//! `tally-sim`'s `PmemSim` at and inside every commit, with the mutants in [`Mutant`].
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 

@@ -1,4 +1,4 @@
-//! Crash exploration of the log on `tally-crash`'s cache-line simulator (`PmemSim`).
+//! Crash exploration of the log on `tally-sim`'s cache-line simulator (`PmemSim`).
 //!
 //! Each workload is a few commits of 64 B – 1 KiB records (and releases, so the ring wraps),
 //! run on a small region. At every crash point — before every flush (units stored, not
@@ -17,7 +17,7 @@
 
 use std::sync::Mutex;
 
-use tally_crash::{PmemCrashOptions, PmemSim};
+use tally_sim::{PmemCrashOptions, PmemSim};
 use tally_media::pmem::{Pmem, PmemError};
 use tally_pmem::{CommitMode, LogConfig, Mutant, PmemLog, PmemLogError, RecoveredTx, Tuning};
 

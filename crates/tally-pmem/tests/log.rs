@@ -1,7 +1,7 @@
 //! The log's API without crashes: reopen on a real mapping (/dev/shm), the ring wrapping many
 //! times, and each refusal as its typed error.
 
-use tally_crash::PmemSim;
+use tally_sim::PmemSim;
 use tally_media::{PmemDevice, PmemOptions};
 use tally_pmem::{CommitMode, LogConfig, PmemLog, PmemLogError, Tuning};
 

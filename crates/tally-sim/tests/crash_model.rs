@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use common::{
     block_tag_set, block_tags, device, fill, geometry, opts, set_of, tags, w, write_sync,
 };
-use tally_crash::{CompletionPolicy, CrashConfig, CrashDevice, CrashOptions};
+use tally_sim::{CompletionPolicy, CrashConfig, CrashDevice, CrashOptions};
 use tally_media::{Device, Write, WriteFlags};
 
 const NONE: WriteFlags = WriteFlags::NONE;

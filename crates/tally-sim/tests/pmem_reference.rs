@@ -8,7 +8,7 @@
 
 use std::collections::BTreeSet;
 
-use tally_crash::{PmemCrashOptions, PmemSim};
+use tally_sim::{PmemCrashOptions, PmemSim};
 use tally_media::pmem::PmemError;
 
 const REGION: usize = 192;

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use tally_crash::{CrashConfig, CrashDevice, CrashImages, CrashOptions};
+use tally_sim::{CrashConfig, CrashDevice, CrashImages, CrashOptions};
 use tally_media::{Device, Geometry, Image, IoBuf, Write, WriteFlags};
 
 /// A geometry of `block_count` blocks of `block_size` bytes, atomic unit `atomic`.

@@ -13,7 +13,7 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::{geometry, tags};
-use tally_crash::{CrashConfig, CrashDevice, CrashOptions};
+use tally_sim::{CrashConfig, CrashDevice, CrashOptions};
 use tally_media::{Device, IoBuf, Ticket, Write, WriteFlags};
 
 const BLOCKS: u64 = 3;

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use tally_crash::{PmemCrashOptions, PmemSim};
+use tally_sim::{PmemCrashOptions, PmemSim};
 use tally_media::pmem::{Pmem, PmemError};
 
 /// Every image, asserting the enumeration was exhaustive and yielded no duplicate.
