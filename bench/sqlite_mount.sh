@@ -1,77 +1,222 @@
 #!/usr/bin/env bash
-# SQLite small transactions on the FUSE mount against ext4, in one run (docs/bench/sqlite.md,
-# "On the mount"):
+# Issue 17's SQLite benchmarks in one run (docs/bench/sqlite.md): SQLite batch-atomic on a Tally
+# mount, on the Tally library VFS, rollback and WAL on a Tally mount without the F2FS ioctls
+# (-o no_atomic_write), rollback and WAL on ext4 (data=ordered).
 #
-#   sudo bench/sqlite_mount.sh [SECONDS]      # default 5 s per configuration
+#   sudo bench/sqlite_mount.sh            # SECONDS_EACH=5 SPEED_SIZE=10 ATTACH_CMDS=30 WORKLOADS=...
 #
-# Five configurations, each a fresh file system of 256 MiB on an image file in $BENCH_DIR
-# (default /var/tmp; the host's file system, not tmpfs), each running
-# crates/tally-bench/examples/sqlite_commits.rs (1-4 rows per commit, synchronous=FULL):
-# rollback mode on a Tally mount answering F2FS's atomic-write ioctls (SQLite's batch-atomic
-# commit), rollback and WAL on a Tally mount started with -o no_atomic_write, rollback and WAL
-# on ext4 (data=ordered) on a loop device over an image file in the same directory. For Tally,
-# the device's flushes come from the daemon's SIGUSR1 log line. Prints commits/s, flushes per
-# commit (Tally) and the ratios of batch-atomic to ext4.
+# Every configuration gets a fresh loop device over a 256 MiB image file written with zeros
+# in $BENCH_DIR (default /var/tmp; the host's file system, not tmpfs), so that Tally (mount or
+# library, which opens the loop device O_DIRECT itself) and ext4 sit on identical devices, and
+# flushes and bytes written are read the same way for all: from the loop device's
+# /sys/dev/block/MAJ:MIN/stat over the measuring window (for the library the Tally device's
+# own counters are printed beside them). Workloads (crates/tally-sqlite/examples/sqlite_bench.rs,
+# synchronous=FULL, 50 warm-up commits, SECONDS_EACH seconds):
+#   small   1-4 rows of ~100 bytes inserted or updated per commit
+#   mix     a phone app's mix of inserts, updates and deletes over four tables
+#   attach  two databases (main + ATTACH): tally_sqlite::atomic on the library VFS (one Tally
+#           transaction) against SQLite's super-journal commit (rollback mode) on ext4 and on
+#           the mount, and WAL (not atomic across the files)
+#   speedtest1  SQLite's own speedtest1.c (Debian's SQLite 3.40.1 source, as bench/mount.sh)
+#           compiled against this workspace's SQLite amalgamation (libsqlite3-sys, in
+#           ~/.cargo/registry) with -DSQLITE_ENABLE_BATCH_ATOMIC_WRITE, --size SPEED_SIZE
+#   tally atomic  Debian's sqlite3 shell, ATTACH_CMDS invocations each committing one transfer
+#           across two databases: inside `tally atomic DIR --` (journal_mode=MEMORY) on the
+#           mount, against the same command's super-journal commit on ext4 and on the mount
+# Prints a table per workload with commits/s, flushes and device KiB per commit, and the
+# ratios the issue sets targets for. RESULTS=FILE also writes the raw lines (TSV).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BENCH_DIR=${BENCH_DIR:-/var/tmp}
-SECONDS_EACH=${1:-5}
+BENCH_CACHE=${BENCH_CACHE:-/var/tmp/tally-bench-cache}
+SECONDS_EACH=${SECONDS_EACH:-${1:-5}}
+SPEED_SIZE=${SPEED_SIZE:-10}
+ATTACH_CMDS=${ATTACH_CMDS:-30}
+WORKLOADS=${WORKLOADS:-"small mix attach speedtest1 atomic-cli"}
 [ "$(id -u)" = 0 ] || { echo "bench/sqlite_mount.sh: needs root (loop devices and mounts)" >&2; exit 2; }
-(cd "$ROOT" && cargo build --release -q -p tally && cargo build --release -q -p tally-bench --example sqlite_commits)
+# SKIP_BUILD=1: use the binaries already in target/release.
+[ -n "${SKIP_BUILD:-}" ] ||
+  (cd "$ROOT" && cargo build --release -q -p tally && cargo build --release -q -p tally-sqlite --example sqlite_bench)
 TALLY=$ROOT/target/release/tally
-RUNNER=$ROOT/target/release/examples/sqlite_commits
+RUNNER=$ROOT/target/release/examples/sqlite_bench
 
-WORK=$(mktemp -d "$BENCH_DIR/tally-sqlite-mount.XXXXXX")
+WORK=$(mktemp -d "$BENCH_DIR/tally-sqlite-bench.XXXXXX")
 . "$ROOT/bench/lib.sh"
 trap cleanup_work EXIT
+RAW=$WORK/results.tsv
+: >"$RAW"
 
-flushes() { # the daemon's device flushes so far, from its log after SIGUSR1
-  kill -USR1 "$1"; sleep 0.5
-  grep -o 'flushes [0-9]*' "$2" | tail -1 | awk '{print $2}'
+# speedtest1 against the workspace's SQLite, with batch atomic writes compiled in.
+SPEED=$BENCH_CACHE/speedtest1-batch
+if [[ " $WORKLOADS " == *" speedtest1 "* && ! -x $SPEED ]]; then
+  mkdir -p "$BENCH_CACHE"
+  [ -f "$BENCH_CACHE/sqlite3_3.40.1.orig.tar.xz" ] ||
+    curl -sfo "$BENCH_CACHE/sqlite3_3.40.1.orig.tar.xz" \
+      http://deb.debian.org/debian/pool/main/s/sqlite3/sqlite3_3.40.1.orig.tar.xz
+  [ -f "$BENCH_CACHE/sqlite3-3.40.1/test/speedtest1.c" ] ||
+    tar -xJf "$BENCH_CACHE/sqlite3_3.40.1.orig.tar.xz" -C "$BENCH_CACHE" --wildcards '*/test/speedtest1.c'
+  AMALG=$(ls -d "$HOME"/.cargo/registry/src/*/libsqlite3-sys-*/sqlite3 | sort -V | tail -1)
+  echo "building speedtest1 against $(basename "$(dirname "$AMALG")")'s SQLite with batch atomic writes" >&2
+  gcc -O2 -DSQLITE_ENABLE_BATCH_ATOMIC_WRITE -DSQLITE_THREADSAFE=0 -I"$AMALG" -o "$SPEED" \
+    "$BENCH_CACHE/sqlite3-3.40.1/test/speedtest1.c" "$AMALG/sqlite3.c" -lm
+fi
+
+LOOP= STAT= DAEMON= MNT=$WORK/mnt
+mkdir -p "$MNT"
+new_loop() { # a fresh loop device over zeros: sets LOOP and STAT
+  rm -f "$WORK/dev.img"
+  dd if=/dev/zero of="$WORK/dev.img" bs=1M count=256 conv=fsync status=none
+  LOOP=$(losetup -f --show "$WORK/dev.img")
+  STAT=/sys/dev/block/$(cat "/sys/block/${LOOP#/dev/}/dev")/stat
+}
+drop_loop() { losetup -d "$LOOP"; rm -f "$WORK/dev.img"; }
+mount_sys() { # SYS: ext4 | fuse | fuse-noatomic (on $LOOP, at $MNT)
+  case $1 in
+    ext4) mkfs.ext4 -q -F "$LOOP"; mount -o data=ordered "$LOOP" "$MNT" ;;
+    fuse*)
+      "$TALLY" mkfs "$LOOP" --force >/dev/null
+      local opt=; [ "$1" = fuse-noatomic ] && opt="-o no_atomic_write"
+      DAEMON=$("$TALLY" mount --log "$WORK/daemon.log" $opt "$LOOP" "$MNT" |
+        sed -n 's/.*daemon pid \([0-9]*\).*/\1/p') ;;
+  esac
+}
+umount_sys() { case $1 in ext4) umount "$MNT" ;; fuse*) "$TALLY" umount "$MNT" >/dev/null ;; esac; }
+blk() { awk '{printf "%.0f %.0f\n", $16, $7 * 512}' "$STAT"; } # flushes, bytes written
+
+run_bench() { # WORKLOAD SYS MODE   (SYS: lib ext4 fuse fuse-noatomic)
+  local w=$1 sys=$2 mode=$3 line
+  new_loop
+  if [ "$sys" = lib ]; then
+    line=$(SQLITE_BENCH_STAT=$STAT "$RUNNER" "$w" "$mode" "lib:$LOOP" "$SECONDS_EACH")
+  else
+    mount_sys "$sys"
+    line=$(SQLITE_BENCH_STAT=$STAT "$RUNNER" "$w" "$mode" "$MNT" "$SECONDS_EACH")
+    umount_sys "$sys"
+  fi
+  drop_loop
+  printf '%s\t%s\t%s\t%s\n' "$w" "$sys" "$mode" "$line" | tee -a "$RAW" >&2
 }
 
-run_tally() { # NAME MODE OPTIONS
-  local dir=$WORK/$1
-  mkdir -p "$dir/mnt"
-  "$TALLY" mkfs --size 256M "$dir/image" >/dev/null
-  local out pid
-  out=$("$TALLY" mount --log "$dir/log" ${3:+-o "$3"} "$dir/image" "$dir/mnt")
-  pid=$(echo "$out" | sed -n 's/.*daemon pid \([0-9]*\).*/\1/p')
-  local f0 f1 line
-  f0=$(flushes "$pid" "$dir/log")
-  line=$("$RUNNER" "$dir/mnt/bench.db" "$2" "$SECONDS_EACH")
-  f1=$(flushes "$pid" "$dir/log")
-  "$TALLY" umount "$dir/mnt" >/dev/null
-  set -- $line
-  echo "$1 $2 $4 $((f1 - f0))"
+run_speedtest() { # SYS MODE
+  local sys=$1 mode=$2 b0 b1 total
+  new_loop; mount_sys "$sys"
+  b0=$(blk)
+  total=$("$SPEED" --size "$SPEED_SIZE" --journal "$mode" "$MNT/speedtest1.db" | awk '/TOTAL/ {gsub("s", "", $NF); print $NF}')
+  sync -f "$MNT"
+  b1=$(blk)
+  umount_sys "$sys"; drop_loop
+  set -- $b0 $b1
+  printf 'speedtest1\t%s\t%s\tseconds %s blk_flushes %s blk_bytes %s\n' "$sys" "$mode" "$total" \
+    $(($3 - $1)) $(($4 - $2)) | tee -a "$RAW" >&2
 }
 
-run_ext4() { # NAME MODE
-  local dir=$WORK/$1
-  mkdir -p "$dir/mnt"
-  truncate -s 256M "$dir/ext4.img"
-  mkfs.ext4 -q -F "$dir/ext4.img"
-  mount -o loop "$dir/ext4.img" "$dir/mnt"
-  local line
-  line=$("$RUNNER" "$dir/mnt/bench.db" "$2" "$SECONDS_EACH")
-  umount "$dir/mnt"
-  set -- $line
-  echo "$1 $2 $4 -"
+run_atomic_cli() { # SYS HOW   (HOW: tally-atomic | plain) Debian's sqlite3, one commit per process
+  local sys=$1 how=$2 b0 b1 t0 t1
+  new_loop; mount_sys "$sys"
+  sqlite3 "$MNT/a.db" "ATTACH '$MNT/b.db' AS b; CREATE TABLE acct(id INTEGER PRIMARY KEY, bal);
+    CREATE TABLE b.acct(id INTEGER PRIMARY KEY, bal); INSERT INTO acct VALUES (1, 1000);
+    INSERT INTO b.acct VALUES (1, 1000);"
+  local sql="UPDATE acct SET bal = bal - 1; UPDATE b.acct SET bal = bal + 1; COMMIT;"
+  b0=$(blk); t0=$(date +%s.%N)
+  for _ in $(seq "$ATTACH_CMDS"); do
+    if [ "$how" = tally-atomic ]; then
+      "$TALLY" atomic "$MNT" -- sqlite3 "$MNT/a.db" "PRAGMA journal_mode=MEMORY; PRAGMA synchronous=FULL;
+        ATTACH '$MNT/b.db' AS b; PRAGMA b.journal_mode=MEMORY; BEGIN; $sql" >/dev/null
+    else
+      sqlite3 "$MNT/a.db" "PRAGMA synchronous=FULL; ATTACH '$MNT/b.db' AS b; BEGIN; $sql" >/dev/null
+    fi
+  done
+  t1=$(date +%s.%N); b1=$(blk)
+  local check
+  check=$(sqlite3 "$MNT/a.db" "ATTACH '$MNT/b.db' AS b; SELECT (SELECT bal FROM acct) + (SELECT bal FROM b.acct),
+    (SELECT count(*) FROM acct), (SELECT * FROM pragma_integrity_check), (SELECT * FROM b.pragma_integrity_check);" | tr '|' ' ')
+  umount_sys "$sys"; drop_loop
+  set -- $b0 $b1
+  printf 'atomic-cli\t%s\t%s\tcommits %s seconds %s blk_flushes %s blk_bytes %s check %s\n' "$sys" "$how" \
+    "$ATTACH_CMDS" "$(echo "$t1 - $t0" | bc -l)" $(($3 - $1)) $(($4 - $2)) "${check// /,}" | tee -a "$RAW" >&2
 }
 
-printf '%-34s %10s %10s %16s\n' configuration commits/s commits flushes/commit
-declare -A RATE
-for cfg in "tally-batch delete" "tally-rollback delete no_atomic_write" "tally-wal wal no_atomic_write" \
-           "ext4-rollback delete" "ext4-wal wal"; do
-  set -- $cfg
-  if [[ $1 == tally-* ]]; then r=$(run_tally "$1" "$2" "${3:-}"); else r=$(run_ext4 "$1" "$2"); fi
-  set -- $1 $r
-  rate=$(echo "scale=1; $3 / $4" | bc)
-  per=$([ "$5" = - ] && echo - || echo "scale=2; $5 / $3" | bc)
-  RATE[$1]=$rate
-  printf '%-34s %10s %10s %16s\n' "$1" "$rate" "$3" "$per"
+load() { uptime | sed 's/.*load average: //'; }
+echo "load before: $(load); $(nproc) CPUs; $(uname -sr)" | tee "$WORK/load" >&2
+for w in $WORKLOADS; do
+  case $w in
+    small | mix)
+      run_bench "$w" fuse delete
+      run_bench "$w" lib delete
+      run_bench "$w" fuse-noatomic delete
+      run_bench "$w" fuse-noatomic wal
+      run_bench "$w" ext4 delete
+      run_bench "$w" ext4 wal ;;
+    attach)
+      run_bench attach lib atomic
+      run_bench attach lib delete
+      run_bench attach fuse delete
+      run_bench attach ext4 delete
+      run_bench attach ext4 wal ;;
+    speedtest1)
+      run_speedtest fuse delete
+      run_speedtest fuse-noatomic delete
+      run_speedtest fuse-noatomic wal
+      run_speedtest ext4 delete
+      run_speedtest ext4 wal ;;
+    atomic-cli)
+      run_atomic_cli fuse tally-atomic
+      run_atomic_cli fuse plain
+      run_atomic_cli ext4 plain ;;
+  esac
 done
-for peer in tally-rollback tally-wal ext4-rollback ext4-wal; do
-  printf 'tally-batch / %-16s %6.2fx\n' "$peer" "$(echo "scale=4; ${RATE[tally-batch]} / ${RATE[$peer]}" | bc)"
-done
+echo "load after: $(load)" | tee -a "$WORK/load" >&2
+[ -n "${RESULTS:-}" ] && cp "$RAW" "$RESULTS"
+
+python3 - "$RAW" "$WORK/load" <<'PY'
+import sys
+rows = {}
+for line in open(sys.argv[1]):
+    w, sysname, mode, rest = line.rstrip("\n").split("\t")
+    f = rest.split()
+    rows[(w, sysname, mode)] = {f[i]: f[i + 1] for i in range(0, len(f) - 1, 2)}
+print("".join(open(sys.argv[2])))
+names = {("fuse", "delete"): "Tally-FUSE, batch-atomic", ("lib", "delete"): "Tally library VFS (batch-atomic)",
+         ("fuse-noatomic", "delete"): "Tally-FUSE, rollback, no ioctls", ("fuse-noatomic", "wal"): "Tally-FUSE, WAL, no ioctls",
+         ("ext4", "delete"): "ext4, rollback", ("ext4", "wal"): "ext4, WAL", ("lib", "atomic"): "Tally library, tally_sqlite::atomic",
+         ("fuse", "wal"): "Tally-FUSE, WAL"}
+def rate(r): return float(r["commits"]) / float(r["seconds"])
+for w in ("small", "mix", "attach"):
+    sel = {k[1:]: v for k, v in rows.items() if k[0] == w}
+    if not sel: continue
+    print(f"### {w}\n\n| configuration | commits/s | flushes/commit | device KiB/commit |\n|---|--:|--:|--:|")
+    for (s, m), r in sel.items():
+        n = int(r["commits"])
+        name = names.get((s, m), f"{s} {m}")
+        if w == "attach" and m == "delete": name = {"lib": "Tally library, super-journal", "fuse": "Tally-FUSE, super-journal", "ext4": "ext4, super-journal"}[s]
+        if w == "attach" and m == "wal": name += " (not atomic across files)"
+        print(f"| {name} | {rate(r):.0f} | {int(r['blk_flushes'])/n:.2f} | {int(r['blk_bytes'])/n/1024:.1f} |")
+    def ratio(a, b):
+        return f"{rate(sel[a]) / rate(sel[b]):.2f}x" if a in sel and b in sel else "-"
+    def bytes_ratio(a, b):
+        return f"{(int(sel[a]['blk_bytes'])/int(sel[a]['commits'])) / (int(sel[b]['blk_bytes'])/int(sel[b]['commits'])):.2f}" if a in sel and b in sel else "-"
+    print()
+    if w == "attach":
+        print(f"atomic (library) / super-journal on ext4: {ratio(('lib','atomic'), ('ext4','delete'))} (target >= 10x, one flush)")
+        print(f"atomic (library) / WAL on ext4: {ratio(('lib','atomic'), ('ext4','wal'))}")
+    else:
+        print(f"batch-atomic FUSE / ext4 WAL: {ratio(('fuse','delete'), ('ext4','wal'))} (target >= 2x); / ext4 rollback: {ratio(('fuse','delete'), ('ext4','delete'))} (>= 3x)")
+        print(f"library VFS / ext4 WAL: {ratio(('lib','delete'), ('ext4','wal'))} (target >= 5x); / ext4 rollback: {ratio(('lib','delete'), ('ext4','delete'))}")
+        print(f"device bytes per commit, batch-atomic FUSE / ext4 WAL: {bytes_ratio(('fuse','delete'), ('ext4','wal'))} (target <= 0.5); library / ext4 WAL: {bytes_ratio(('lib','delete'), ('ext4','wal'))}")
+    print()
+sp = {k[1:]: v for k, v in rows.items() if k[0] == "speedtest1"}
+if sp:
+    print("### speedtest1\n\n| configuration | seconds | x ext4 rollback time | flushes | device MiB |\n|---|--:|--:|--:|--:|")
+    base = float(sp[("ext4", "delete")]["seconds"]) if ("ext4", "delete") in sp else None
+    for (s, m), r in sp.items():
+        t = float(r["seconds"])
+        print(f"| {names.get((s, m), s + ' ' + m)} | {t:.2f} | {t / base if base else 0:.2f} | {r['blk_flushes']} | {int(r['blk_bytes'])/2**20:.0f} |")
+    print()
+cli = {k[1:]: v for k, v in rows.items() if k[0] == "atomic-cli"}
+if cli:
+    print("### Debian's sqlite3, one 2-database commit per process\n\n| configuration | ms/commit | flushes/commit | device KiB/commit | sum, rows, integrity |\n|---|--:|--:|--:|---|")
+    for (s, m), r in cli.items():
+        n = int(r["commits"])
+        print(f"| {s} {m} | {float(r['seconds'])*1000/n:.1f} | {int(r['blk_flushes'])/n:.2f} | {int(r['blk_bytes'])/n/1024:.1f} | {r['check']} |")
+PY
