@@ -111,3 +111,16 @@ else
   RESULTS="$DATA/mount.tsv" bench/mount.sh "$TALLY" >"$OUT_DIR/mount-table.md"
 fi
 echo "bench/run.sh: wrote $OUT_DIR/mount-table.md" >&2
+
+# Issue 17's SQLite benchmarks: small transactions, a mobile mix, two ATTACHed databases
+# (tally_sqlite::atomic against SQLite's super-journal), speedtest1 and Debian's sqlite3 inside
+# `tally atomic`; batch-atomic on the mount and the library VFS against rollback and WAL on the
+# mount without the ioctls and on ext4, each on a fresh loop device: bench/sqlite_mount.sh,
+# tables in sqlite-table.md (docs/bench/sqlite.md; about 6 minutes, --quick: 2 s windows).
+echo "== SQLite batch-atomic and multi-database commits (bench/sqlite_mount.sh)" >&2
+if [ -n "$QUICK" ]; then
+  SECONDS_EACH=2 SPEED_SIZE=2 ATTACH_CMDS=10 RESULTS="$DATA/sqlite.tsv" bench/sqlite_mount.sh >"$OUT_DIR/sqlite-table.md"
+else
+  RESULTS="$DATA/sqlite.tsv" bench/sqlite_mount.sh >"$OUT_DIR/sqlite-table.md"
+fi
+echo "bench/run.sh: wrote $OUT_DIR/sqlite-table.md" >&2

@@ -3,7 +3,7 @@
 # mount, on the Tally library VFS, rollback and WAL on a Tally mount without the F2FS ioctls
 # (-o no_atomic_write), rollback and WAL on ext4 (data=ordered).
 #
-#   sudo bench/sqlite_mount.sh            # SECONDS_EACH=5 SPEED_SIZE=10 ATTACH_CMDS=30 WORKLOADS=...
+#   sudo bench/sqlite_mount.sh            # ROUNDS=3 SECONDS_EACH=5 SPEED_SIZE=10 ATTACH_CMDS=30 WORKLOADS=...
 #
 # Every configuration gets a fresh loop device over a 256 MiB image file written with zeros
 # in $BENCH_DIR (default /var/tmp; the host's file system, not tmpfs), so that Tally (mount or
@@ -23,8 +23,11 @@
 #   tally atomic  Debian's sqlite3 shell, ATTACH_CMDS invocations each committing one transfer
 #           across two databases: inside `tally atomic DIR --` (journal_mode=MEMORY) on the
 #           mount, against the same command's super-journal commit on ext4 and on the mount
-# Prints a table per workload with commits/s, flushes and device KiB per commit, and the
-# ratios the issue sets targets for. RESULTS=FILE also writes the raw lines (TSV).
+# The commit workloads run ROUNDS times, configurations interleaved inside each round (this
+# machine's flush latency drifts over minutes: only ratios within a round mean anything).
+# Prints a table per workload with the medians of commits/s, flushes and device KiB per
+# commit, and the ratios the issue sets targets for (median of the per-round ratios, [min-max]).
+# RESULTS=FILE also writes the raw lines (TSV).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,6 +36,7 @@ BENCH_CACHE=${BENCH_CACHE:-/var/tmp/tally-bench-cache}
 SECONDS_EACH=${SECONDS_EACH:-${1:-5}}
 SPEED_SIZE=${SPEED_SIZE:-10}
 ATTACH_CMDS=${ATTACH_CMDS:-30}
+ROUNDS=${ROUNDS:-3}
 WORKLOADS=${WORKLOADS:-"small mix attach speedtest1 atomic-cli"}
 [ "$(id -u)" = 0 ] || { echo "bench/sqlite_mount.sh: needs root (loop devices and mounts)" >&2; exit 2; }
 # SKIP_BUILD=1: use the binaries already in target/release.
@@ -95,7 +99,7 @@ run_bench() { # WORKLOAD SYS MODE   (SYS: lib ext4 fuse fuse-noatomic)
     umount_sys "$sys"
   fi
   drop_loop
-  printf '%s\t%s\t%s\t%s\n' "$w" "$sys" "$mode" "$line" | tee -a "$RAW" >&2
+  printf '%s\t%s\t%s\t%s round %s\n' "$w" "$sys" "$mode" "$line" "$ROUND" | tee -a "$RAW" >&2
 }
 
 run_speedtest() { # SYS MODE
@@ -139,6 +143,8 @@ run_atomic_cli() { # SYS HOW   (HOW: tally-atomic | plain) Debian's sqlite3, one
 
 load() { uptime | sed 's/.*load average: //'; }
 echo "load before: $(load); $(nproc) CPUs; $(uname -sr)" | tee "$WORK/load" >&2
+ROUND=1
+for ROUND in $(seq "$ROUNDS"); do
 for w in $WORKLOADS; do
   case $w in
     small | mix)
@@ -154,6 +160,11 @@ for w in $WORKLOADS; do
       run_bench attach fuse delete
       run_bench attach ext4 delete
       run_bench attach ext4 wal ;;
+  esac
+done
+done
+for w in $WORKLOADS; do
+  case $w in
     speedtest1)
       run_speedtest fuse delete
       run_speedtest fuse-noatomic delete
@@ -171,31 +182,41 @@ echo "load after: $(load)" | tee -a "$WORK/load" >&2
 
 python3 - "$RAW" "$WORK/load" <<'PY'
 import sys
-rows = {}
+import statistics
+rows, runs = {}, {}
 for line in open(sys.argv[1]):
     w, sysname, mode, rest = line.rstrip("\n").split("\t")
     f = rest.split()
-    rows[(w, sysname, mode)] = {f[i]: f[i + 1] for i in range(0, len(f) - 1, 2)}
+    r = {f[i]: f[i + 1] for i in range(0, len(f) - 1, 2)}
+    rows[(w, sysname, mode)] = r
+    runs.setdefault((w, sysname, mode), []).append(r)
+med = statistics.median
 print("".join(open(sys.argv[2])))
 names = {("fuse", "delete"): "Tally-FUSE, batch-atomic", ("lib", "delete"): "Tally library VFS (batch-atomic)",
          ("fuse-noatomic", "delete"): "Tally-FUSE, rollback, no ioctls", ("fuse-noatomic", "wal"): "Tally-FUSE, WAL, no ioctls",
          ("ext4", "delete"): "ext4, rollback", ("ext4", "wal"): "ext4, WAL", ("lib", "atomic"): "Tally library, tally_sqlite::atomic",
          ("fuse", "wal"): "Tally-FUSE, WAL"}
 def rate(r): return float(r["commits"]) / float(r["seconds"])
+def per(r, k): return int(r[k]) / int(r["commits"])
 for w in ("small", "mix", "attach"):
-    sel = {k[1:]: v for k, v in rows.items() if k[0] == w}
+    sel = {k[1:]: v for k, v in runs.items() if k[0] == w}
     if not sel: continue
-    print(f"### {w}\n\n| configuration | commits/s | flushes/commit | device KiB/commit |\n|---|--:|--:|--:|")
-    for (s, m), r in sel.items():
-        n = int(r["commits"])
+    print(f"### {w}\n\n| configuration | commits/s (median [min-max] of {len(next(iter(sel.values())))}) | flushes/commit | device KiB/commit |\n|---|--:|--:|--:|")
+    for (s, m), rs in sel.items():
         name = names.get((s, m), f"{s} {m}")
         if w == "attach" and m == "delete": name = {"lib": "Tally library, super-journal", "fuse": "Tally-FUSE, super-journal", "ext4": "ext4, super-journal"}[s]
         if w == "attach" and m == "wal": name += " (not atomic across files)"
-        print(f"| {name} | {rate(r):.0f} | {int(r['blk_flushes'])/n:.2f} | {int(r['blk_bytes'])/n/1024:.1f} |")
+        rates = sorted(rate(r) for r in rs)
+        print(f"| {name} | {med(rates):.0f} [{rates[0]:.0f}-{rates[-1]:.0f}] | {med(per(r, 'blk_flushes') for r in rs):.2f} | {med(per(r, 'blk_bytes') for r in rs)/1024:.1f} |")
+    def spread(v):
+        v = sorted(v)
+        return f"{med(v):.2f}x [{v[0]:.2f}-{v[-1]:.2f}]"
     def ratio(a, b):
-        return f"{rate(sel[a]) / rate(sel[b]):.2f}x" if a in sel and b in sel else "-"
+        if a not in sel or b not in sel: return "-"
+        return spread(rate(x) / rate(y) for x, y in zip(sel[a], sel[b]))
     def bytes_ratio(a, b):
-        return f"{(int(sel[a]['blk_bytes'])/int(sel[a]['commits'])) / (int(sel[b]['blk_bytes'])/int(sel[b]['commits'])):.2f}" if a in sel and b in sel else "-"
+        if a not in sel or b not in sel: return "-"
+        return spread(per(x, "blk_bytes") / per(y, "blk_bytes") for x, y in zip(sel[a], sel[b]))
     print()
     if w == "attach":
         print(f"atomic (library) / super-journal on ext4: {ratio(('lib','atomic'), ('ext4','delete'))} (target >= 10x, one flush)")
