@@ -1,9 +1,10 @@
 //! The one error type of the benchmarks.
 
 use tally_log::LogError;
-use tally_media::probe::ProbeError;
-use tally_media::scratch::ScratchError;
 use tally_media::MediaError;
+
+use crate::probe::ProbeError;
+use crate::scratch::ScratchError;
 
 /// Why a benchmark did not run or did not finish.
 #[derive(Debug, thiserror::Error)]

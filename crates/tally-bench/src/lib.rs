@@ -11,7 +11,10 @@
 //! - [`peer`], [`varmail`], [`append`], [`multicommit`]: one timed window of a workload that
 //!   `bench/run.sh` runs side by side with ext4, SQLite, RocksDB, LMDB and a FUSE pass-through;
 //! - [`append_crash`]: what of an ordered append stream survives a simulated crash, with a
-//!   barrier, an fsync or neither after each append.
+//!   barrier, an fsync or neither after each append;
+//! - [`probe`] (`tally probe`): what one durable commit costs on a device, also the flush
+//!   latency printed beside the benchmarks' results; [`scratch`]: the rule that keeps other
+//!   people's data safe from a probe or a benchmark (what is created, refused, undone).
 //!
 //! Rules every benchmark here keeps (STYLE.md rule 13, DESIGN.md §5):
 //! - results are ratios measured in one run, each with the machine and the device's flush
@@ -30,7 +33,9 @@ pub mod fs_peers;
 pub mod measure;
 pub mod multicommit;
 pub mod peer;
+pub mod probe;
 pub mod recovery;
+pub mod scratch;
 pub mod target;
 pub mod tx;
 pub mod varmail;

@@ -21,7 +21,7 @@ pub fn process_cpu_time() -> Duration {
     micros(usage.ru_utime) + micros(usage.ru_stime)
 }
 
-pub use tally_media::probe::percentile_us;
+pub use crate::probe::percentile_us;
 
 /// Median and range of one figure over repeated runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]

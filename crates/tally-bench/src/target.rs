@@ -1,4 +1,4 @@
-//! The file a benchmark runs on, prepared by [`tally_media::scratch`] with the benchmarks' choices:
+//! The file a benchmark runs on, prepared by [`crate::scratch`] with the benchmarks' choices:
 //! - a missing path is created, sized, preallocated, and removed at the end unless `keep`;
 //! - an existing *empty* regular file is sized and used, and truncated back to empty unless
 //!   `keep`;
@@ -7,8 +7,7 @@
 
 use std::path::Path;
 
-use tally_media::scratch::{Occupant, Scratch, ScratchError, ScratchOptions, ScratchWarning};
-
+use crate::scratch::{Occupant, Scratch, ScratchError, ScratchOptions, ScratchWarning};
 use crate::BenchError;
 
 /// A prepared benchmark file; dropping it undoes what preparing it did (unless `keep`).
@@ -81,7 +80,6 @@ fn warn(warning: &ScratchWarning) {
         ScratchWarning::Cleanup { path, error } => {
             eprintln!("warning: could not clean up {}: {error}", path.display());
         }
-        other => eprintln!("warning: {other:?}"),
     }
 }
 
@@ -89,7 +87,7 @@ fn warn(warning: &ScratchWarning) {
 mod tests {
     use super::*;
 
-    // What is refused and undone is tested with `tally_media::scratch`; this is the wording.
+    // What is refused and undone is tested with `crate::scratch`; this is the wording.
     #[test]
     fn refusals_are_bad_input_in_the_benchmarks_words() {
         let err = Target::prepare(&std::env::temp_dir(), 1 << 20, true, false, false).unwrap_err();

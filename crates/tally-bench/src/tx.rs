@@ -21,14 +21,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tally_log::{CommitMode, Log, LogConfig, OpenOptions, Transaction};
-use tally_media::probe::{
-    machine_info, probe, time_device, MachineInfo, ProbeOptions, ProbeReport,
-};
 use tally_media::{
     Device, DeviceStats, DirectMode, FileDevice, FileOptions, NbdDevice, NbdOptions, NbdTarget,
 };
 
 use crate::measure::{percentile_us, process_cpu_time, Spread};
+use crate::probe::{machine_info, probe, time_device, MachineInfo, ProbeOptions, ProbeReport};
 use crate::target::Target;
 use crate::BenchError;
 

@@ -20,15 +20,13 @@ mod mem;
 pub mod nbd;
 mod overlay;
 pub mod pmem;
-pub mod probe;
-pub mod scratch;
 mod stats;
 
 pub use buf::IoBuf;
 pub use device::{check_read, check_write, Device, Geometry, Ticket, Write, WriteFlags};
 pub use error::{MediaError, Result};
 pub use file::{
-    DirectMode, Engine, EngineKind, FileDevice, FileOptions, ATOMIC_WRITE_SIZE_DEFAULT,
+    fallocate, DirectMode, Engine, EngineKind, FileDevice, FileOptions, ATOMIC_WRITE_SIZE_DEFAULT,
     BLOCK_SIZE_DEFAULT,
 };
 pub use image::Image;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use tally_bench::measure::parse_size_like;
-use tally_media::probe::{
+use tally_bench::probe::{
     machine_info, probe, time_device, DeviceTimings, LatencyUs, ProbeOptions, ProbeReport,
 };
 use tally_media::Device as _;
@@ -91,7 +91,7 @@ struct NbdProbeReport {
     timings: DeviceTimings,
     ceiling_commits_per_sec: f64,
     ceiling_commits_per_sec_fua: f64,
-    machine: tally_media::probe::MachineInfo,
+    machine: tally_bench::probe::MachineInfo,
 }
 
 /// `tally probe nbd://...`: the same three timings over the network. The export's first

@@ -37,7 +37,7 @@ use tracker::{Failure, Tracker};
 use uring::Uring;
 
 pub(crate) use sys::block_device_shape;
-pub(crate) use sys::fallocate;
+pub use sys::fallocate;
 
 /// Default block size of a `FileDevice` on a regular file.
 pub const BLOCK_SIZE_DEFAULT: u32 = 4096;

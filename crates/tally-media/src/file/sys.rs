@@ -96,7 +96,7 @@ pub(crate) fn pwrite_all(
 }
 
 /// `fallocate(fd, 0, 0, len)`: reserve the blocks of a file so later writes need no allocation.
-pub(crate) fn fallocate(file: &File, len: u64) -> io::Result<()> {
+pub fn fallocate(file: &File, len: u64) -> io::Result<()> {
     let len = libc::off_t::try_from(len)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "length overflows off_t"))?;
     loop {

@@ -19,10 +19,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::scratch::{Occupant, Scratch, ScratchError, ScratchOptions, ScratchWarning};
-use crate::{
+use tally_media::{
     Device, DeviceStats, EngineKind, FileDevice, FileOptions, IoBuf, MediaError, Write, WriteFlags,
 };
+
+use crate::scratch::{Occupant, Scratch, ScratchError, ScratchOptions, ScratchWarning};
 
 /// Bytes written by each timed write.
 pub const PROBE_WRITE_SIZE: usize = 4096;

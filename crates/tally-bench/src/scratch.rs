@@ -15,7 +15,7 @@ use std::io::{self, Write as _};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
-use crate::file::fallocate;
+use tally_media::fallocate;
 
 /// Bytes written per call when filling a file.
 const FILL_CHUNK_BYTES: usize = 1 << 20;
