@@ -427,6 +427,11 @@ impl Cx {
         if let Some(d) = &block.data {
             return Ok(d.clone());
         }
+        if block.tx.is_none() {
+            // Never made (an uncommitted block always holds its bytes): fetching could only
+            // retry forever.
+            return Err(Stop::Err(FsError::Io(format!("block {b} of inode {ino} has no bytes"))));
+        }
         match self.fetched.get(&(ino, b)) {
             Some(f) if f.is_of(block) => match &f.bytes {
                 Ok(bytes) => Ok(bytes.clone()),
@@ -442,7 +447,9 @@ impl Cx {
         let missing: Vec<(Ino, u64, Block)> = blocks
             .iter()
             .filter(|(b, block)| {
+                // (An uncommitted block without bytes is `block_bytes`'s error, not a fetch.)
                 block.data.is_none()
+                    && block.tx.is_some()
                     && !self.fetched.get(&(ino, *b)).is_some_and(|f| f.is_of(block))
             })
             .map(|(b, block)| (ino, *b, block.clone()))
