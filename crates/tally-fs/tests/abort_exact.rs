@@ -206,10 +206,11 @@ fn median_spread(mut v: Vec<f64>) -> (f64, f64, f64) {
 }
 
 /// CPU per 4 KiB append (one operation, one log transaction each) as one file grows to 64 MiB,
-/// on a memory device. Run with `--ignored --nocapture` (a timing check, so not in the default
-/// suite). With a whole-inode undo copy the cost grows with the file; it must stay flat.
+/// on a memory device. A timing check, so not in the default suite: scripts/test runs it with
+/// `--ignored` (`--nocapture` shows the table). With a whole-inode undo copy the cost grows with
+/// the file; it must stay flat.
 #[test]
-#[ignore]
+#[ignore = "a timing check (64 MiB of appends); scripts/test runs it"]
 fn append_cost_as_the_file_grows() {
     let total: u64 = 64 << 20;
     // Each append is one log transaction: its data block, its records, the header.

@@ -366,10 +366,10 @@ fn files_reach_a_tebibyte_and_names_255_bytes() {
 }
 
 /// A million inodes (1,000 directories of 1,000 files, created 1,000 per explicit
-/// transaction), then a clean remount and a crash remount. Slow in debug builds: run with
-/// `cargo test --release -p tally-fs --test basic -- --ignored a_million`.
+/// transaction), then a clean remount and a crash remount. Slow in debug builds; scripts/test
+/// runs it (`cargo test --profile ci -p tally-fs --test basic -- --ignored a_million`).
 #[test]
-#[ignore = "a million inodes: about a minute in release; run by hand (docs/FS.md has the figures)"]
+#[ignore = "a million inodes: about a minute optimised; scripts/test runs it (docs/FS.md has the figures)"]
 fn a_million_inodes() {
     let dev = fresh(1 << 20, 4, 1024);
     let fs = mount(&dev);

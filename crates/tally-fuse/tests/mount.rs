@@ -287,8 +287,7 @@ fn as_nobody(cmd: &str) -> Option<bool> {
 #[test]
 fn the_kernel_checks_permissions_for_other_users() {
     require_fuse!();
-    if as_nobody("true") != Some(true) {
-        eprintln!("skipped: setpriv cannot switch to nobody here");
+    if as_nobody("true") != Some(true) && common::skip("setpriv cannot switch to nobody here") {
         return;
     }
     let scratch = Scratch::new("fuse-test", "perm");

@@ -64,17 +64,31 @@ pub fn fuse_unavailable() -> Option<String> {
     None
 }
 
-/// True, after printing why, when a test needing FUSE must skip. Under `CI=true` it panics
-/// instead: CI has FUSE, and a test that skipped there would pass having checked nothing.
+/// Whether tests needing FUSE must run: under CI (`CI` set, as CI services do) or with
+/// `TALLY_REQUIRE_FUSE` set, a test that cannot run fails instead of skipping ("", "0" and
+/// "false" count as unset).
+pub fn fuse_required() -> bool {
+    let set =
+        |name: &str| std::env::var(name).is_ok_and(|v| !matches!(v.as_str(), "" | "0" | "false"));
+    set("CI") || set("TALLY_REQUIRE_FUSE")
+}
+
+/// Skip the calling test, saying why — or fail it where FUSE tests must run ([`fuse_required`]).
+/// Returns true (the caller returns).
+pub fn skip(why: &str) -> bool {
+    assert!(
+        !fuse_required(),
+        "cannot run ({why}), and CI or TALLY_REQUIRE_FUSE requires this test to run"
+    );
+    eprintln!("skipped: {why}");
+    true
+}
+
+/// True, after printing why, when a test needing FUSE must skip; fails the test instead where
+/// FUSE tests must run ([`fuse_required`]).
 pub fn skip_without_fuse() -> bool {
     match fuse_unavailable() {
-        Some(why) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("FUSE is needed and CI=true: {why}")
-        }
-        Some(why) => {
-            eprintln!("skipped: {why}");
-            true
-        }
+        Some(why) => skip(&why),
         None => false,
     }
 }
@@ -89,7 +103,8 @@ pub fn mkfs_in(dir: &Path, size: &str) -> (PathBuf, PathBuf, PathBuf) {
     (image, mnt, log)
 }
 
-/// Return from the calling test, saying why, when FUSE cannot be used here.
+/// Return from the calling test, saying why, when FUSE cannot be used here (fail it instead
+/// under CI or `TALLY_REQUIRE_FUSE`).
 // The allows: unused in the test binaries that never mount.
 #[allow(unused_macros)]
 macro_rules! require_fuse {
