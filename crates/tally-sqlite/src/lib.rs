@@ -20,6 +20,14 @@
 //! journal deleted durably). WAL mode works only with `PRAGMA locking_mode=EXCLUSIVE` (the
 //! VFS has no shared memory), and gains nothing here: the batch path is the fast one.
 //!
+//! **Several databases in one commit**: [`atomic`] runs a transaction over a connection's main
+//! and `ATTACH`ed databases (all on this VFS) and commits it as one Tally transaction with one
+//! flush, where SQLite alone needs a super-journal and 4n+3 flushes (rollback mode) or is not
+//! atomic across the files at all (WAL). The databases are put in `journal_mode=MEMORY` for the
+//! call, every write SQLite makes to their files joins one `Fs` transaction, and SQLite's
+//! `SQLITE_FCNTL_COMMIT_PHASETWO` (after every database's phase one, before any unlock)
+//! commits it; see [`atomic`] and `examples/attach.rs`.
+//!
 //! **Locking** is in memory, per inode: a `tally_fs::Fs` is mounted by one process, so every
 //! connection that can open its files is in this process. Two connections on one database
 //! exclude each other as two processes do on unix (SHARED, RESERVED, PENDING, EXCLUSIVE).
