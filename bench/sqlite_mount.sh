@@ -219,12 +219,12 @@ for w in ("small", "mix", "attach"):
         return spread(per(x, "blk_bytes") / per(y, "blk_bytes") for x, y in zip(sel[a], sel[b]))
     print()
     if w == "attach":
-        print(f"atomic (library) / super-journal on ext4: {ratio(('lib','atomic'), ('ext4','delete'))} (target >= 10x, one flush)")
-        print(f"atomic (library) / WAL on ext4: {ratio(('lib','atomic'), ('ext4','wal'))}")
+        print(f"- atomic (library) / super-journal on ext4: {ratio(('lib','atomic'), ('ext4','delete'))} (target >= 10x, one flush)")
+        print(f"- atomic (library) / WAL on ext4: {ratio(('lib','atomic'), ('ext4','wal'))}")
     else:
-        print(f"batch-atomic FUSE / ext4 WAL: {ratio(('fuse','delete'), ('ext4','wal'))} (target >= 2x); / ext4 rollback: {ratio(('fuse','delete'), ('ext4','delete'))} (>= 3x)")
-        print(f"library VFS / ext4 WAL: {ratio(('lib','delete'), ('ext4','wal'))} (target >= 5x); / ext4 rollback: {ratio(('lib','delete'), ('ext4','delete'))}")
-        print(f"device bytes per commit, batch-atomic FUSE / ext4 WAL: {bytes_ratio(('fuse','delete'), ('ext4','wal'))} (target <= 0.5); library / ext4 WAL: {bytes_ratio(('lib','delete'), ('ext4','wal'))}")
+        print(f"- batch-atomic FUSE / ext4 WAL: {ratio(('fuse','delete'), ('ext4','wal'))} (target >= 2x); / ext4 rollback: {ratio(('fuse','delete'), ('ext4','delete'))} (>= 3x)")
+        print(f"- library VFS / ext4 WAL: {ratio(('lib','delete'), ('ext4','wal'))} (target >= 5x); / ext4 rollback: {ratio(('lib','delete'), ('ext4','delete'))}")
+        print(f"- device bytes per commit, batch-atomic FUSE / ext4 WAL: {bytes_ratio(('fuse','delete'), ('ext4','wal'))} (target <= 0.5); library / ext4 WAL: {bytes_ratio(('lib','delete'), ('ext4','wal'))}")
     print()
 sp = {k[1:]: v for k, v in rows.items() if k[0] == "speedtest1"}
 if sp:
