@@ -86,6 +86,10 @@ fn main() -> ExitCode {
     if let Command::Mount(args) = &cli.command {
         return mount::run_mount(args);
     }
+    // A reader that goes away (`tally bench ... | head`) ends the program quietly, as it ends
+    // other Unix tools, instead of a panic in `println!` on EPIPE (Rust ignores SIGPIPE).
+    // SAFETY: restores the default disposition of one signal before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     // Crash exploration injects I/O errors on purpose; the log's reports of them are noise there.
     let default_filter =
         if matches!(cli.command, Command::Crash(_)) { "warn,tally_log=off" } else { "warn" };
