@@ -110,9 +110,16 @@ impl Scratch {
     }
 
     /// Mount the image through the kernel with `cfg`, served on a thread.
+    /// The transport is `cfg`'s unless `TALLY_FUSE_IO_URING` (`auto`, `on`, `off`) says
+    /// otherwise for the whole run: CI runs the tests once with the ring and once through
+    /// `/dev/fuse`.
     pub fn serve(&self, cfg: &MountConfig) -> Served {
+        let mut cfg = cfg.clone();
+        if let Ok(how) = std::env::var("TALLY_FUSE_IO_URING") {
+            tally_fuse::parse_options(&format!("io_uring={how}"), &mut cfg).unwrap();
+        }
         let fs = Fs::mount(device(&self.image()), MountOptions::default()).unwrap();
-        let mounted = tally_fuse::mount(fs, &self.dir(), cfg).unwrap();
+        let mounted = tally_fuse::mount(fs, &self.dir(), &cfg).unwrap();
         let requests = mounted.requests();
         let thread = std::thread::spawn(move || mounted.run().unwrap());
         Served { dir: self.dir(), thread: Some(thread), requests }
@@ -164,7 +171,11 @@ impl Served {
             assert!(tries < 100, "unmount of {} failed: {e}", self.dir.display());
             std::thread::sleep(Duration::from_millis(20));
         }
-        self.thread.take().unwrap().join().unwrap()
+        let outcome = self.thread.take().unwrap().join().unwrap();
+        if std::env::var("TALLY_FUSE_IO_URING").is_ok_and(|v| v == "off") {
+            assert_eq!(self.requests.ring(), 0, "io_uring=off, yet requests came over the ring");
+        }
+        outcome
     }
 }
 
