@@ -17,9 +17,9 @@
 
 use std::sync::Mutex;
 
-use tally_sim::{PmemCrashOptions, PmemSim};
 use tally_media::pmem::{Pmem, PmemError};
 use tally_pmem::{CommitMode, LogConfig, Mutant, PmemLog, PmemLogError, RecoveredTx, Tuning};
+use tally_sim::{PmemCrashOptions, PmemSim};
 
 /// One step of a workload.
 #[derive(Debug, Clone)]

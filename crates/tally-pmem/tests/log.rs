@@ -1,9 +1,9 @@
 //! The log's API without crashes: reopen on a real mapping (/dev/shm), the ring wrapping many
 //! times, and each refusal as its typed error.
 
-use tally_sim::PmemSim;
 use tally_media::{PmemDevice, PmemOptions};
 use tally_pmem::{CommitMode, LogConfig, PmemLog, PmemLogError, Tuning};
+use tally_sim::PmemSim;
 
 #[test]
 fn commits_survive_reopen_on_dev_shm() {

@@ -6,8 +6,8 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::{block_tag_set, block_tags, device, fill, geometry, opts, set_of, w, write_sync};
-use tally_sim::{CrashConfig, CrashDevice, FaultPlan};
 use tally_media::{Device, MediaError, WriteFlags};
+use tally_sim::{CrashConfig, CrashDevice, FaultPlan};
 
 const NONE: WriteFlags = WriteFlags::NONE;
 

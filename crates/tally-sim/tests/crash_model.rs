@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use common::{
     block_tag_set, block_tags, device, fill, geometry, opts, set_of, tags, w, write_sync,
 };
-use tally_sim::{CompletionPolicy, CrashConfig, CrashDevice, CrashOptions};
 use tally_media::{Device, Write, WriteFlags};
+use tally_sim::{CompletionPolicy, CrashConfig, CrashDevice, CrashOptions};
 
 const NONE: WriteFlags = WriteFlags::NONE;
 const FUA: WriteFlags = WriteFlags::FUA;

@@ -13,8 +13,8 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::{geometry, tags};
-use tally_sim::{CrashConfig, CrashDevice, CrashOptions};
 use tally_media::{Device, IoBuf, Ticket, Write, WriteFlags};
+use tally_sim::{CrashConfig, CrashDevice, CrashOptions};
 
 const BLOCKS: u64 = 3;
 const UNITS: usize = 4;

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use tally_sim::{PmemCrashOptions, PmemSim};
 use tally_media::pmem::{Pmem, PmemError};
+use tally_sim::{PmemCrashOptions, PmemSim};
 
 /// Every image, asserting the enumeration was exhaustive and yielded no duplicate.
 fn images(sim: &PmemSim) -> Vec<Vec<u8>> {

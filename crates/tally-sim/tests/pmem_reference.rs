@@ -8,8 +8,8 @@
 
 use std::collections::BTreeSet;
 
-use tally_sim::{PmemCrashOptions, PmemSim};
 use tally_media::pmem::PmemError;
+use tally_sim::{PmemCrashOptions, PmemSim};
 
 const REGION: usize = 192;
 const FREE_UNITS_MAX: usize = 14;

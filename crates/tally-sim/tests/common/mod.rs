@@ -4,8 +4,8 @@
 
 use std::collections::BTreeSet;
 
-use tally_sim::{CrashConfig, CrashDevice, CrashImages, CrashOptions};
 use tally_media::{Device, Geometry, Image, IoBuf, Write, WriteFlags};
+use tally_sim::{CrashConfig, CrashDevice, CrashImages, CrashOptions};
 
 /// A geometry of `block_count` blocks of `block_size` bytes, atomic unit `atomic`.
 pub fn geometry(block_size: u32, block_count: u64, atomic: u32) -> Geometry {
