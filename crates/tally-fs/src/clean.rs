@@ -37,11 +37,12 @@ pub struct FsCleanReport {
 }
 
 /// Blocks one packed relocation transaction takes at most (records and data), for segments of
-/// at least `4 *` this many blocks: large enough that its unit of records costs little (the
-/// cost of keeping each old transaction's own unit: an overwritten 4 KiB block would keep
-/// taking two blocks forever), small enough that the end of a segment it does not fit in
-/// wastes little.
-const PACK_BLOCKS: u64 = 32;
+/// at least `2 *` this many blocks plus two. Packs are cut to the blocks left in the segment
+/// they land in (so a large pack wastes nothing at a segment's end), and a unit of records
+/// holds some 80 extent records: packs of up to 128 blocks cost a unit per 80 data blocks at
+/// most, as the file system's own large writes do (with 32-block packs, a segment filled by
+/// large writes took more blocks once relocated than it had: cleaning it lost space).
+const PACK_BLOCKS: u64 = 128;
 /// Conservative bytes of the log's unit header, and of its body header per transaction and per
 /// data block and record (the log's format; used only to size packs).
 const UNIT_HEADER: u64 = 128;
@@ -49,17 +50,27 @@ const BODY_HEADER: u64 = 16;
 const PER_DATA: u64 = 4;
 const PER_RECORD: u64 = 4;
 
+/// Relocated keys of one pack and, for data, the block's index in it.
+type Moved = Vec<(Key, Option<u32>)>;
+
 /// One packed relocation: the live records (and data blocks) of consecutive old transactions.
 struct Pack {
     t: Transaction,
+    /// The last old transaction whose records it carries.
+    last: Option<TxId>,
     record_bytes: u64,
     /// Relocated keys and, for data, the block's index in the pack.
-    moved: Vec<(Key, Option<u32>)>,
+    moved: Moved,
 }
 
 impl Pack {
     fn new(stream: u16) -> Pack {
-        Pack { t: Transaction::new(stream), record_bytes: BODY_HEADER, moved: Vec::new() }
+        Pack {
+            t: Transaction::new(stream),
+            last: None,
+            record_bytes: BODY_HEADER,
+            moved: Vec::new(),
+        }
     }
 
     /// Blocks the pack would take with `data` more data blocks and `bytes` more record bytes.
@@ -99,7 +110,7 @@ impl Fs {
 
     /// When space is low: clean the oldest segment of the stream whose oldest segment scores
     /// best by cost-benefit, if relocating that frees space (`max_live_percent` of a segment at
-    /// most is live). Returns whether a segment was freed.
+    /// most is live). Returns whether that freed a segment or gained blocks.
     pub(crate) fn clean_some(&self, st: &mut State, max_live_percent: u64) -> Result<bool> {
         if !st.txns.open.is_empty() {
             return Ok(false);
@@ -132,14 +143,16 @@ impl Fs {
             if !gains(l.live_blocks) {
                 continue;
             }
+            // A head less than full gains blocks even when its relocation took the fresh
+            // segment its cleaning freed (the gain shows later in the pass).
             let r = self.clean_one(st, stream, (l.segment, l.txs))?;
-            return Ok(r.log.segments_freed > 0);
+            return Ok(r.log.segments_freed > 0 || l.live_blocks < seg);
         }
         Ok(false)
     }
 
-    fn pack_blocks(&self) -> u64 {
-        PACK_BLOCKS.min(u64::from(self.segment_blocks) / 4).max(2)
+    pub(crate) fn pack_blocks(&self) -> u64 {
+        PACK_BLOCKS.min((u64::from(self.segment_blocks) / 2).saturating_sub(2)).max(2)
     }
 
     pub(crate) fn clean_locked(
@@ -222,28 +235,25 @@ impl Fs {
             st.checkpoint_ver = None;
         }
         let mut seen: Vec<Key> = Vec::new();
-        // Each pack is handed to the log with the last old transaction it carries records of
-        // (the log takes at most one new transaction per old one).
+        // Each pack is handed to the log with the last old transaction it carries records of;
+        // an old transaction's records may be cut across packs (`Log::clean_split`).
         let mut packs: Vec<(TxId, Pack)> = Vec::new();
         let mut open = Pack::new(stream);
-        let mut open_last: Option<TxId> = None;
         for rtx in &txs {
             let live = self.live_of(st, rtx, tombstones_kept, &mut seen, &mut report)?;
-            if live.is_empty() {
-                continue;
-            }
-            let data = live.iter().filter(|l| l.2.is_some()).count() as u64;
-            let bytes = live.iter().map(|l| PER_RECORD + l.1.encode().len() as u64).sum();
-            // A pack is cut to the blocks left in the segment it will land in, so packs fill
-            // segments to their ends instead of leaving a hole wherever the next one did not
-            // fit (a hole is never reused: the log only appends).
-            let fits = limit.min(left.max(2));
-            if let Some(last) = open_last.filter(|_| open.blocks_with(bs, data, bytes) > fits) {
-                let blocks = open.blocks_with(bs, 0, 0);
-                packs.push((last, std::mem::replace(&mut open, Pack::new(stream))));
-                left = pack_lands(left, blocks, seg_blocks);
-            }
             for (key, rec, block) in live {
+                let bytes = PER_RECORD + rec.encode().len() as u64;
+                // A pack is cut to the blocks left in the segment it will land in, so packs
+                // fill segments to their ends instead of leaving a hole wherever the next one
+                // did not fit (a hole is never reused: the log only appends).
+                let fits = limit.min(left.max(2));
+                let grown = open.blocks_with(bs, u64::from(block.is_some()), bytes);
+                if !open.moved.is_empty() && grown > fits {
+                    let blocks = open.blocks_with(bs, 0, 0);
+                    let last = open.last.unwrap_or(rtx.id);
+                    packs.push((last, std::mem::replace(&mut open, Pack::new(stream))));
+                    left = pack_lands(left, blocks, seg_blocks);
+                }
                 let rec = match (rec, block) {
                     (Record::Extent { ver, ino, block, crc, .. }, Some(buf)) => {
                         let idx = open.t.data(buf);
@@ -258,22 +268,22 @@ impl Fs {
                 let bytes = rec.encode();
                 open.record_bytes += PER_RECORD + bytes.len() as u64;
                 open.t.record(bytes);
+                open.last = Some(rtx.id);
             }
-            open_last = Some(rtx.id);
         }
         st.checkpoint_ver = checkpoint_ver;
-        if let Some(last) = open_last {
+        if let Some(last) = open.last {
             packs.push((last, open));
         }
         let expected: Vec<TxId> = txs.iter().map(|t| t.id).collect();
-        let mut handed: HashMap<TxId, Transaction> = HashMap::new();
-        let mut moved: HashMap<TxId, Vec<(Key, Option<u32>)>> = HashMap::new();
+        let mut handed: HashMap<TxId, Vec<Transaction>> = HashMap::new();
+        let mut moved: HashMap<TxId, std::collections::VecDeque<Moved>> = HashMap::new();
         for (at, p) in packs {
-            handed.insert(at, p.t);
-            moved.insert(at, p.moved);
+            handed.entry(at).or_default().push(p.t);
+            moved.entry(at).or_default().push_back(p.moved);
         }
         let mut i = 0;
-        let log_report = self.log.clean(stream, 1, |rtx| {
+        let log_report = self.log.clean_split(stream, 1, |rtx| {
             // The log cleans the transactions just read; anything else would leave a pack out.
             if expected.get(i) != Some(&rtx.id) {
                 return Err(LogError::Invalid(format!(
@@ -283,7 +293,7 @@ impl Fs {
                 )));
             }
             i += 1;
-            Ok(handed.remove(&rtx.id))
+            Ok(handed.remove(&rtx.id).unwrap_or_default())
         })?;
         if i != expected.len() {
             // The segment is freed without some relocations: stop before anything else is
@@ -299,7 +309,8 @@ impl Fs {
             st.uncount(k);
         }
         for (old, info) in &log_report.relocated {
-            for (key, idx) in moved.remove(old).unwrap_or_default() {
+            let pack = moved.get_mut(old).and_then(std::collections::VecDeque::pop_front);
+            for (key, idx) in pack.unwrap_or_default() {
                 st.count(&key);
                 report.records_relocated += 1;
                 if let (Key::Block(ino, b), Some(idx)) = (&key, idx) {

@@ -50,9 +50,11 @@ fn fallocate_beyond_free_space_is_enospc() {
     assert_eq!(fs.getattr(f).unwrap().size, free / 2);
     let after = fs.statfs().blocks_free * 4096;
     assert!(after <= free / 2 + (1 << 20), "free {free} -> {after}");
-    // The same range again reserves nothing more.
+    // The same range again reserves nothing more (its transaction's records take a block or
+    // two: statfs counts the live records and the streams' unused segment ends, issue 15).
     fs.fallocate(None, f, 0, free / 2, FallocFlags::default()).unwrap();
-    assert_eq!(fs.statfs().blocks_free * 4096, after);
+    let again = fs.statfs().blocks_free * 4096;
+    assert!(again.abs_diff(after) <= 2 * 4096, "free {after} -> {again}");
     fs.unmount().unwrap();
 }
 
@@ -76,8 +78,18 @@ fn a_write_into_a_reserved_range_never_gets_enospc() {
         at += n as u64;
     }
     assert_eq!(fs.read(f, len - 4, 4).unwrap(), vec![0xa5; 4]);
-    // Outside the range the file system is full.
-    assert!(matches!(fs.write(None, f, len, &piece), Err(FsError::NoSpace)));
+    // Outside the range the file system fills up: ENOSPC comes, within the cleaning
+    // headroom statfs keeps back (cleaning may have reclaimed the holes the filler's large
+    // writes left meanwhile, issue 15).
+    let mut at = len;
+    loop {
+        match fs.write(None, f, at, &piece) {
+            Ok(n) => at += n as u64,
+            Err(FsError::NoSpace) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(at - len <= 8 << 20, "{} bytes past a full file system", at - len);
+    }
     let report = fs.fsck();
     assert!(report.is_clean(), "{:?}", report.problems);
     fs.unmount().unwrap();

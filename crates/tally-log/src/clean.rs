@@ -178,6 +178,26 @@ impl Log {
     where
         F: FnMut(&RecoveredTx) -> Result<Option<Transaction>>,
     {
+        self.clean_split(stream, segments, |tx| Ok(relocate(tx)?.into_iter().collect()))
+    }
+
+    /// [`Log::clean`] where the records of one cleaned transaction may be re-committed as
+    /// several transactions (`relocate` returns them in order; empty: nothing of it is live),
+    /// so that the layer above can cut what it relocates to the space left in segments. The
+    /// report's `relocated` holds one entry per new transaction, in commit order, each with
+    /// the old transaction it carries records of.
+    ///
+    /// # Errors
+    /// As [`Log::clean`].
+    pub fn clean_split<F>(
+        &self,
+        stream: u16,
+        segments: usize,
+        mut relocate: F,
+    ) -> Result<CleanReport>
+    where
+        F: FnMut(&RecoveredTx) -> Result<Vec<Transaction>>,
+    {
         let s = usize::from(stream);
         let st =
             self.streams.get(s).ok_or_else(|| LogError::Invalid(format!("no stream {stream}")))?;
@@ -202,7 +222,7 @@ impl Log {
         // caller gets NoSpace with the log as it was (no half-relocated duplicates).
         let mut moved: Vec<(TxId, Transaction)> = Vec::new();
         for tx in &txs {
-            if let Some(mut t) = relocate(tx)? {
+            for mut t in relocate(tx)? {
                 t.retarget(stream);
                 moved.push((tx.id, t));
             }

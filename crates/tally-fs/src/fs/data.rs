@@ -358,7 +358,11 @@ impl Fs {
             if !flags.punch_hole {
                 let (first, last) = (offset / bs, end.div_ceil(bs));
                 let total = st.reserved.blocks() + st.reserved.missing(ino, first, last);
-                if Self::reservation_cost(total) > self.growth_blocks(st) {
+                // Within the free segments (a reserved write never waits for cleaning) and
+                // within what statfs reports free (`live.rs`).
+                let told =
+                    self.space_usage(st).free_blocks + Self::reservation_cost(st.reserved.blocks());
+                if Self::reservation_cost(total) > self.growth_blocks(st).min(told) {
                     return Err(FsError::NoSpace.into());
                 }
                 st.reserved.add(ino, first, last);

@@ -602,9 +602,13 @@ impl Fs {
         use std::sync::atomic::Ordering::Relaxed;
         // The snapshot's segments are not free for operations either (`space.rs`).
         let kept = RESERVED_SEGMENTS.saturating_add(self.snapshot_segments(st));
+        // A pass that left space low is tried again once more data died, or while what the
+        // accounting calls free (`live.rs`) is at least a segment: that space is there, in
+        // dead blocks and holes that cleaning has not reached yet, and statfs promised it.
         self.log.free_segments() <= kept + 1
             && st.txns.open.is_empty()
-            && self.futile_clean_at.load(Relaxed) != st.dead_blocks
+            && (self.futile_clean_at.load(Relaxed) != st.dead_blocks
+                || self.space_usage(st).free_blocks >= u64::from(self.segment_blocks))
     }
 
     /// Clean while space is low: the oldest segment of the stream whose oldest segment is
