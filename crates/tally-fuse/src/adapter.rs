@@ -28,7 +28,7 @@
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
@@ -43,7 +43,7 @@ use tally_fs::{
 };
 
 use crate::attr::{absent_attr, file_attr, file_type, mknod_kind, perm, set_time, timespec};
-use crate::errno::{Failure, errno};
+use crate::errno::{errno, Failure};
 use crate::privs::truncate_drops_bits;
 use crate::requests::{Opcode, RequestCounts};
 use crate::session::MountConfig;

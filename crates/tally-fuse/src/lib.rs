@@ -87,6 +87,6 @@ mod txns;
 pub use adapter::{TallyFuse, Unmounted};
 pub use requests::{Opcode, RequestCounts, RequestSnapshot};
 pub use session::{
-    IoUring, MountConfig, Mounted, block_termination_signals, mount, parse_options, unmount_dir,
+    block_termination_signals, mount, parse_options, unmount_dir, IoUring, MountConfig, Mounted,
 };
 pub use txns::FuseMutant;

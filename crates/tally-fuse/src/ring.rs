@@ -39,7 +39,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use io_uring::{IoUring, cqueue, opcode, squeue::Entry128, types};
+use io_uring::{cqueue, opcode, squeue::Entry128, types, IoUring};
 
 use crate::adapter::TallyFuse;
 use wire::HEADER_SIZE;

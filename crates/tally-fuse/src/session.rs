@@ -447,7 +447,11 @@ pub fn block_termination_signals() -> io::Result<()> {
     let set = termination_set();
     // SAFETY: `set` is initialised; a null old set is allowed.
     let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-    if rc == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(rc)) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(rc))
+    }
 }
 
 /// Wait for one of the signals of [`termination_set`]; returns its number.

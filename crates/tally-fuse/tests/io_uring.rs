@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use tally_fuse::{IoUring, MountConfig, Opcode, RequestCounts, Unmounted};
 
-use common::{Scratch, require_fuse};
+use common::{require_fuse, Scratch};
 
 /// Names the listing test creates in one directory.
 const NAME_COUNT: usize = 1000;

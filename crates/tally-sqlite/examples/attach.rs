@@ -9,7 +9,7 @@ use std::sync::Arc;
 use rusqlite::{Connection, OpenFlags};
 use tally_fs::{Fs, MkfsOptions, MountOptions};
 use tally_media::{Device, MemDevice};
-use tally_sqlite::{TallyVfs, VfsOptions, atomic};
+use tally_sqlite::{atomic, TallyVfs, VfsOptions};
 
 fn balances(db: &Connection) -> rusqlite::Result<(i64, i64)> {
     db.query_row(

@@ -146,5 +146,9 @@ fn main() -> std::process::ExitCode {
             report(run(&conn, &pending, &mut out), &mut failed);
         }
     }
-    if failed { std::process::ExitCode::FAILURE } else { std::process::ExitCode::SUCCESS }
+    if failed {
+        std::process::ExitCode::FAILURE
+    } else {
+        std::process::ExitCode::SUCCESS
+    }
 }

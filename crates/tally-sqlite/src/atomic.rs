@@ -35,7 +35,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use rusqlite::{Connection, Transaction, TransactionBehavior, ffi};
+use rusqlite::{ffi, Connection, Transaction, TransactionBehavior};
 use tally_fs::{FsError, Ino, Txn};
 
 use crate::file;

@@ -12,19 +12,19 @@
 //! between those calls, and it holds the EXCLUSIVE lock meanwhile (SQLite writes the database
 //! file only under it), so no other handle writes the file during a batch.
 
-use std::ffi::{CString, c_int, c_void};
+use std::ffi::{c_int, c_void, CString};
 use std::ptr::NonNull;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
-use rusqlite::{Connection, ffi};
+use rusqlite::{ffi, Connection};
 use tally_fs::{FileKind, FsError, Ino, SetAttr, Txn};
 
 use crate::atomic::Group;
 use crate::lock::HandleId;
 use crate::mutant::VfsMutant;
 use crate::path;
-use crate::vfs::{Counters, Shared, guard};
+use crate::vfs::{guard, Counters, Shared};
 
 /// What SQLite allocates for each open file (`szOsFile` bytes): the base struct first, as the
 /// VFS contract requires, then our handle.

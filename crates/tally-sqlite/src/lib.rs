@@ -70,6 +70,6 @@ mod mutant;
 mod path;
 mod vfs;
 
-pub use atomic::{AtomicError, atomic};
-pub use mutant::{VfsMutant, available as mutants_available};
+pub use atomic::{atomic, AtomicError};
+pub use mutant::{available as mutants_available, VfsMutant};
 pub use vfs::{TallyVfs, VfsError, VfsOptions, VfsStats};

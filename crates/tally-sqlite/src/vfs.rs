@@ -8,8 +8,8 @@
 //! - the box is freed only after `sqlite3_vfs_unregister` and only when no file is open
 //!   (otherwise it is leaked, a few hundred bytes, rather than freed under a connection).
 
-use std::ffi::{CStr, CString, c_char, c_int, c_void};
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

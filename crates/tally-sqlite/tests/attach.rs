@@ -12,7 +12,7 @@ use common::split;
 use common::*;
 use tally_fs::{Fs, MkfsOptions, MountOptions, ROOT};
 use tally_media::{Device, MemDevice};
-use tally_sqlite::{AtomicError, TallyVfs, VfsOptions, atomic};
+use tally_sqlite::{atomic, AtomicError, TallyVfs, VfsOptions};
 
 const SEED: u64 = 23;
 

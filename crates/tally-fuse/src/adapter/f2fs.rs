@@ -18,7 +18,7 @@ use fuser::{Errno, FileHandle};
 use tally_fs::FileKind;
 
 use super::{Caller, TallyFuse};
-use crate::errno::{Failure, errno};
+use crate::errno::{errno, Failure};
 use crate::requests::Opcode;
 use crate::txns::End;
 

@@ -4,7 +4,7 @@
 
 use fuser::{Errno, RenameFlags};
 
-use super::wire::{self, HEADER_SIZE, InHeader, Out, Request, TooLong};
+use super::wire::{self, InHeader, Out, Request, TooLong, HEADER_SIZE};
 use crate::adapter::{Caller, TallyFuse, XattrOut};
 
 /// Answer the request in a ring entry: `header` and `payload` are the entry's buffers, the

@@ -4,8 +4,8 @@
 
 #![allow(dead_code, reason = "each test file uses part of this module")]
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use rusqlite::{Connection, OpenFlags};
 use tally_fs::{Fs, MkfsOptions, MountOptions, ROOT};
