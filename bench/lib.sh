@@ -12,3 +12,16 @@ cleanup_work() {
   done
   rm -rf "$WORK"
 }
+
+# make_tree COPIES: $WORK/tree holding COPIES copies of this repository's tree (`git archive
+# HEAD`), the same as a tarball in $WORK/tree.tar, and an empty $WORK/mnt. The caller counts
+# what it needs in $WORK/tree, then removes it or makes a repository of it.
+make_tree() {
+  mkdir -p "$WORK/tree" "$WORK/mnt"
+  git -C "$ROOT" archive --format=tar HEAD >"$WORK/one.tar"
+  for i in $(seq "$1"); do
+    mkdir "$WORK/tree/copy$i"
+    tar -xf "$WORK/one.tar" -C "$WORK/tree/copy$i"
+  done
+  tar -cf "$WORK/tree.tar" -C "$WORK/tree" .
+}

@@ -68,13 +68,8 @@ OUT=${RESULTS:-$WORK/results.tsv}
 : >"$OUT"
 
 # The tree: COPIES copies of this repository's tree, as a tarball and as a bare git repository.
-mkdir -p "$WORK/tree" "$WORK/mnt" "$WORK/lower"
-git -C "$ROOT" archive --format=tar HEAD >"$WORK/one.tar"
-for i in $(seq "$COPIES"); do
-  mkdir "$WORK/tree/copy$i"
-  tar -xf "$WORK/one.tar" -C "$WORK/tree/copy$i"
-done
-tar -cf "$WORK/tree.tar" -C "$WORK/tree" .
+make_tree "$COPIES"
+mkdir "$WORK/lower"
 ENTRIES=$(tar -tf "$WORK/tree.tar" | grep -cv '^\./$')
 FILES=$(find "$WORK/tree" -type f | wc -l)
 git -C "$WORK/tree" init -q

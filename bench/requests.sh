@@ -40,13 +40,7 @@ OUT=${RESULTS:-$WORK/results.tsv}
 : >"$OUT"
 
 # The tree: COPIES copies of this repository's tree, as a tarball and as a git repository.
-mkdir -p "$WORK/tree" "$WORK/mnt"
-git -C "$ROOT" archive --format=tar HEAD >"$WORK/one.tar"
-for i in $(seq "$COPIES"); do
-  mkdir "$WORK/tree/copy$i"
-  tar -xf "$WORK/one.tar" -C "$WORK/tree/copy$i"
-done
-tar -cf "$WORK/tree.tar" -C "$WORK/tree" .
+make_tree "$COPIES"
 ENTRIES=$(tar -tf "$WORK/tree.tar" | grep -cv '^\./$')
 FILES=$(find "$WORK/tree" -type f | wc -l)
 git -C "$WORK/tree" init -q

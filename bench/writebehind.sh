@@ -30,13 +30,7 @@ trap cleanup_work EXIT
 OUT=${RESULTS:-$WORK/results.tsv}
 : >"$OUT"
 
-mkdir -p "$WORK/tree" "$WORK/mnt"
-git -C "$ROOT" archive --format=tar HEAD >"$WORK/one.tar"
-for i in $(seq "$COPIES"); do
-  mkdir "$WORK/tree/copy$i"
-  tar -xf "$WORK/one.tar" -C "$WORK/tree/copy$i"
-done
-tar -cf "$WORK/tree.tar" -C "$WORK/tree" .
+make_tree "$COPIES"
 FILES=$(find "$WORK/tree" -type f | wc -l)
 DIRS=$(find "$WORK/tree" -type d | wc -l)
 ONE=$(cd "$WORK/tree" && find . -type f -print -quit)
