@@ -53,5 +53,8 @@
 #define TALLY_IOC_BARRIER _IO(TALLY_IOC_MAGIC, 6)
 /* The id of the transaction the caller's changes go into, 0 if none. */
 #define TALLY_IOC_CURRENT _IOR(TALLY_IOC_MAGIC, 7, uint64_t)
+/* Make everything committed on the whole mount durable: what sync(2) and syncfs(2) promise,
+ * which Linux does not forward to FUSE servers. */
+#define TALLY_IOC_SYNC _IO(TALLY_IOC_MAGIC, 8)
 
 #endif /* TALLY_H */

@@ -66,8 +66,12 @@ pub mod ioctl {
     /// `_IOR(MAGIC, 7, uint64_t)`: the id of the transaction the caller's changes go into, 0
     /// when none.
     pub const CURRENT: u32 = encode(READ, 7, 8);
+    /// `_IO(MAGIC, 8)`: make everything committed on the whole mount durable (what `sync(2)`
+    /// and `syncfs(2)` promise, which Linux does not forward to FUSE servers).
+    pub const SYNC: u32 = encode(NONE, 8, 0);
     /// Every request number, in the order of their numbers (and of `include/tally.h`).
-    pub const ALL: [u32; 7] = [BEGIN, BEGIN_TREE, COMMIT, COMMIT_DURABLE, ABORT, BARRIER, CURRENT];
+    pub const ALL: [u32; 8] =
+        [BEGIN, BEGIN_TREE, COMMIT, COMMIT_DURABLE, ABORT, BARRIER, CURRENT, SYNC];
 }
 
 /// Why a call failed.
@@ -194,6 +198,17 @@ pub fn barrier(file: &impl AsFd) -> Result<()> {
 /// [`Error::NotTally`], [`Error::Io`].
 pub fn current(file: &impl AsFd) -> Result<Option<u64>> {
     call_u64(file, ioctl::CURRENT).map(|id| (id != 0).then_some(id))
+}
+
+/// Make everything committed on `file`'s mount durable, whoever committed it: one flush round
+/// of the whole file system. This is what `sync(2)` and `syncfs(2)` promise; Linux (up to at
+/// least 6.18) does not forward either to a FUSE server, so on a Tally mount they do not reach
+/// the log — call this (or `tally sync`) instead.
+///
+/// # Errors
+/// [`Error::NotTally`], [`Error::Io`] (`EIO` after an I/O error: nothing is then promised).
+pub fn sync(file: &impl AsFd) -> Result<()> {
+    call(file, ioctl::SYNC)
 }
 
 #[cfg(test)]

@@ -17,11 +17,11 @@ fn the_c_header_defines_the_same_numbers() {
         r#"#include <stdio.h>
 #include "tally.h"
 int main(void) {
-    printf("%lu %lu %lu %lu %lu %lu %lu %lu\n", (unsigned long)TALLY_IOC_MAGIC,
+    printf("%lu %lu %lu %lu %lu %lu %lu %lu %lu\n", (unsigned long)TALLY_IOC_MAGIC,
            (unsigned long)TALLY_IOC_BEGIN, (unsigned long)TALLY_IOC_BEGIN_TREE,
            (unsigned long)TALLY_IOC_COMMIT, (unsigned long)TALLY_IOC_COMMIT_DURABLE,
            (unsigned long)TALLY_IOC_ABORT, (unsigned long)TALLY_IOC_BARRIER,
-           (unsigned long)TALLY_IOC_CURRENT);
+           (unsigned long)TALLY_IOC_CURRENT, (unsigned long)TALLY_IOC_SYNC);
     return 0;
 }
 "#,

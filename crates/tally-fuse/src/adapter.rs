@@ -864,6 +864,12 @@ impl TallyFuse {
         self.call("fsyncdir", |fs| Ok(fs.fsync(ino)?))
     }
 
+    /// `SYNCFS`: everything committed, by anyone, made durable (one flush round).
+    pub(crate) fn syncfs(&self) -> Result<(), Errno> {
+        self.requests.count(Opcode::Syncfs);
+        self.call("syncfs", |fs| Ok(fs.sync()?))
+    }
+
     pub(crate) fn statfs(&self) -> Result<StatfsOut, Errno> {
         self.requests.count(Opcode::Statfs);
         let s = self.call("statfs", |fs| Ok(fs.statfs()))?;
@@ -964,6 +970,10 @@ impl TallyFuse {
         if let Some(op) = f2fs::f2fs_opcode(cmd) {
             self.requests.count(op);
             self.f2fs_ioctl(who, ino, fh, cmd, out_size)
+        } else if cmd == ioctl::SYNC {
+            // Any caller who can open a file of the mount may sync it, as sync(2) allows.
+            self.requests.count(Opcode::SyncIoctl);
+            self.call("sync", |fs| Ok(fs.sync()?)).map(|()| Vec::new())
         } else {
             self.requests.count(Opcode::Ioctl);
             self.transaction_ioctl(who, ino, fh, cmd, out_size)

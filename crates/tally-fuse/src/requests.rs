@@ -56,6 +56,11 @@ pub enum Opcode {
     Lseek,
     CopyFileRange,
     Poll,
+    /// `SYNCFS` (opcode 50): Linux sends it only to servers that may stall `sync(2)` (virtiofs;
+    /// up to at least 6.18 never over `/dev/fuse`); answered on the ring, counted if it comes.
+    Syncfs,
+    /// `IOCTL` `TALLY_IOC_SYNC` (`tally sync`): the mount-wide sync the kernel does not send.
+    SyncIoctl,
     /// An `IOCTL` carrying F2FS's `F2FS_IOC_GET_FEATURES` (counted here, not under `Ioctl`;
     /// so are the three below): SQLite asks it of each database file it opens.
     F2fsGetFeatures,
@@ -68,7 +73,7 @@ pub enum Opcode {
 }
 
 /// Number of [`Opcode`]s.
-const OPCODE_COUNT: usize = 39;
+const OPCODE_COUNT: usize = 41;
 
 impl Opcode {
     /// Every opcode, in the order counts are reported.
@@ -108,6 +113,8 @@ impl Opcode {
         Opcode::Lseek,
         Opcode::CopyFileRange,
         Opcode::Poll,
+        Opcode::Syncfs,
+        Opcode::SyncIoctl,
         Opcode::F2fsGetFeatures,
         Opcode::F2fsStartAtomicWrite,
         Opcode::F2fsCommitAtomicWrite,
@@ -152,6 +159,8 @@ impl Opcode {
             Opcode::Lseek => "LSEEK",
             Opcode::CopyFileRange => "COPY_FILE_RANGE",
             Opcode::Poll => "POLL",
+            Opcode::Syncfs => "SYNCFS",
+            Opcode::SyncIoctl => "IOCTL(TALLY_SYNC)",
             Opcode::F2fsGetFeatures => "IOCTL(F2FS_GET_FEATURES)",
             Opcode::F2fsStartAtomicWrite => "IOCTL(F2FS_START_ATOMIC_WRITE)",
             Opcode::F2fsCommitAtomicWrite => "IOCTL(F2FS_COMMIT_ATOMIC_WRITE)",

@@ -12,6 +12,7 @@ mod inspect;
 mod mkfs;
 mod mount;
 mod probe;
+mod sync;
 
 use std::error::Error;
 use std::fmt::Write as _;
@@ -73,6 +74,8 @@ enum Command {
     Atomic(atomic::Args),
     /// Order later changes to files after earlier ones, without waiting for the device.
     Barrier(barrier::Args),
+    /// Make everything committed on a Tally mount durable (plain `sync` does not reach FUSE).
+    Sync(sync::Args),
     /// Check a Tally image read-only: every checksum, every cross-reference (exit 4 if corrupt).
     Fsck(fsck::Args),
     /// Show a Tally image read-only: superblocks, streams, segments, what is durable.
@@ -110,6 +113,7 @@ fn main() -> ExitCode {
         Command::Umount(args) => mount::run_umount(&args),
         Command::Atomic(args) => atomic::run(&args),
         Command::Barrier(args) => barrier::run(&args),
+        Command::Sync(args) => sync::run(&args),
         Command::Fsck(args) => fsck::run(&args),
         Command::Inspect(args) => inspect::run(&args),
     }

@@ -556,6 +556,22 @@ fn find_mount(dir: &Path) -> Option<(String, String)> {
     })
 }
 
+/// The mount points of every FUSE mount this process can see, in the order of
+/// `/proc/self/mounts` (a Tally mount's type is plain `fuse`: the kernel records the subtype
+/// only when a mount helper passes `fuse.tally`; which of them are Tally's, only an ioctl tells).
+pub(crate) fn fuse_mounts() -> Vec<PathBuf> {
+    let table = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    table
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.split(' ');
+            let (_source, point, fstype) = (f.next()?, f.next()?, f.next()?);
+            (fstype == "fuse" || fstype.starts_with("fuse."))
+                .then(|| PathBuf::from(unescape(point)))
+        })
+        .collect()
+}
+
 /// Undo the octal escapes of `/proc/self/mounts` (`\040` for a space, …).
 fn unescape(field: &str) -> String {
     let bytes = field.as_bytes();

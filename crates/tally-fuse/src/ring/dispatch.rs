@@ -185,6 +185,7 @@ fn answer(ops: &TallyFuse, h: &InHeader, request: Request<'_>) -> Result<Answer,
         Request::CopyFileRange { offset_in, ino_out, offset_out, len, flags } => Answer::Written(
             ops.copy_file_range(who, ino, offset_in, ino_out, offset_out, len, flags)?,
         ),
+        Request::Syncfs => ops.syncfs().map(|()| Answer::None)?,
         Request::Other => {
             tracing::debug!(opcode = h.opcode, "opcode not served over the ring");
             return Err(Errno::from_i32(libc::ENOSYS));
@@ -256,8 +257,12 @@ mod tests {
         assert_eq!(error, -libc::ENOSYS);
         let (error, _) = ask(&ops, 1, root, &[], b"no-nul");
         assert_eq!(error, -libc::EIO);
+        // SYNCFS (fuse_syncfs_in: 8 bytes of padding): served, no payload.
+        let (error, none) = ask(&ops, 50, root, &[0u8; 8], &[]);
+        assert_eq!((error, none.len()), (0, 0));
         // Counted under their opcodes and as ring requests (the malformed one only as the latter).
         let counts = ops.requests().snapshot();
-        assert_eq!((counts.get(crate::Opcode::Readdir), counts.ring()), (2, 7));
+        assert_eq!((counts.get(crate::Opcode::Readdir), counts.ring()), (2, 8));
+        assert_eq!(counts.get(crate::Opcode::Syncfs), 1);
     }
 }

@@ -79,6 +79,7 @@ const READDIRPLUS: u32 = 44;
 const RENAME2: u32 = 45;
 const LSEEK: u32 = 46;
 const COPY_FILE_RANGE: u32 = 47;
+const SYNCFS: u32 = 50;
 
 // `fuse_setattr_in.valid` bits.
 const FATTR_MODE: u32 = 1 << 0;
@@ -231,6 +232,8 @@ pub(crate) enum Request<'a> {
         len: u64,
         flags: u64,
     },
+    /// `struct fuse_syncfs_in` carries only padding.
+    Syncfs,
     /// An opcode the adapter does not serve (answered `ENOSYS`).
     Other,
 }
@@ -358,6 +361,7 @@ pub(crate) fn decode<'a>(
             len: op.u64(40)?,
             flags: op.u64(48)?,
         },
+        SYNCFS => Request::Syncfs,
         _ => Request::Other,
     };
     Ok((in_header, r))
