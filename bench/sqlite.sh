@@ -39,7 +39,7 @@ for run in $(seq "$RUNS"); do
     fi
     t0=$(date +%s.%N)
     python3 "$ROOT/bench/sqlite_speed.py" "$WORK/mnt/db" --size "$SIZE" >"$WORK/out/$sys.$run"
-    sync
+    "$TALLY" sync  # plain sync does not reach a FUSE server (docs/CLI.md)
     t1=$(date +%s.%N)
     echo "$t1 - $t0" | bc -l | xargs printf 'TIMED %.3f\n' >>"$WORK/out/$sys.$run"
     if [ "$sys" = tally ]; then

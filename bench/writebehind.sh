@@ -72,7 +72,7 @@ device() {
 
 work() {
   tar -xf "$WORK/tree.tar" -C "$WORK/mnt/untar"
-  sync
+  "$TALLY" sync  # plain sync does not reach a FUSE server (docs/CLI.md)
   python3 -c 'import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); os.fsync(fd)' "$WORK/mnt/untar/$ONE"
 }
 
