@@ -6,8 +6,9 @@
 #
 # For each binary given (e.g. the build before a change and the one after) and for ext4, RUNS
 # times (default 3), runs interleaved: a fresh 2 GiB file system, then these workloads in
-# order, each timed with a final `sync` inside the timed region, the kernel's caches left warm
-# from one to the next (as on a machine in use):
+# order, each timed with a final `tally sync` inside the timed region (plain `sync` never
+# reaches a FUSE server; `tally sync` makes the Tally mounts durable, then calls sync(2)), the
+# kernel's caches left warm from one to the next (as on a machine in use):
 #   untar    tar -x of a tarball of COPIES (default 20) copies of this repository's tree
 #            (`git archive HEAD`; 20 copies of 311 entries: 5,180 files, 1,040 directories)
 #   clone    git clone (file://, so every object is copied) of a local repository whose one
@@ -32,6 +33,8 @@ COPIES=${COPIES:-20}
 [ "$(id -u)" = 0 ] || { echo "bench/requests.sh: needs root (loop devices and mounts)" >&2; exit 2; }
 if [ $# -eq 0 ]; then set -- "$ROOT/target/release/tally"; fi
 for b in "$@"; do [ -x "$b" ] || { echo "bench/requests.sh: $b is not a program" >&2; exit 2; }; done
+# `tally sync` from the last binary given (older builds may not have the command).
+SYNC_WITH=${!#}
 
 WORK=$(mktemp -d "$BENCH_DIR/tally-requests.XXXXXX")
 . "$ROOT/bench/lib.sh"
@@ -75,12 +78,13 @@ umount_sys() {
   fi
 }
 
-# timed CMD...: the wall time of CMD followed by sync, in seconds; fails if CMD does.
+# timed CMD...: the wall time of CMD followed by `tally sync` (of the newest binary given: it
+# syncs every Tally mount, then calls sync(2)), in seconds; fails if CMD does.
 timed() {
   local t0 t1
   t0=$(date +%s.%N)
   "$@" >/dev/null
-  sync
+  "$SYNC_WITH" sync >/dev/null
   t1=$(date +%s.%N)
   echo "$t1 - $t0" | bc -l | xargs printf '%.3f\n'
 }

@@ -7,9 +7,9 @@
 #
 # RUNS times (default 3), interleaved: a fresh 2 GiB file system for each system; the timed
 # region is `tar -x` of COPIES (default 17, about 5,100 files) copies of this repository's tree
-# (`git archive HEAD`), then `sync`, then an fsync of one untarred file (FUSE has no syncfs
-# here: the fsync is what makes Tally write out and flush everything; on ext4 it finds nothing
-# left). Measured per run: wall time, the daemon's CPU time (user + system, /proc/PID/stat),
+# (`git archive HEAD`), then `tally sync` (every Tally mount made durable, then sync(2): plain
+# `sync` never reaches a FUSE server), then an fsync of one untarred file (on both, it finds
+# nothing left). Measured per run: wall time, the daemon's CPU time (user + system, /proc/PID/stat),
 # the requests it served and how many came over the ring (its SIGUSR1 line), the machine's load
 # average before the run and its busy CPU share during it (/proc/stat). Prints one line per
 # measurement and the medians with per-run ratios; RESULTS=FILE keeps them as TSV. With PERF=1,
@@ -90,7 +90,7 @@ busy() {
 
 work() {
   tar -xf "$WORK/tree.tar" -C "$WORK/mnt/untar"
-  sync
+  "$TALLY" sync >/dev/null
   python3 -c 'import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); os.fsync(fd)' "$WORK/mnt/untar/$ONE"
 }
 
