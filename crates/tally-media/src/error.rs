@@ -85,6 +85,14 @@ pub enum MediaError {
         #[source]
         source: Box<crate::NbdError>,
     },
+    /// The targets given for a multi-target image are not that image's, in its order: one is
+    /// missing, extra, swapped, repeated, of another image, damaged or too small.
+    #[error("multi-target image: {source}")]
+    Span {
+        /// Which target and what is wrong.
+        #[source]
+        source: Box<crate::SpanError>,
+    },
     /// A ticket that this device never issued.
     #[error("unknown ticket {0}")]
     UnknownTicket(u64),

@@ -20,6 +20,7 @@ mod mem;
 pub mod nbd;
 mod overlay;
 pub mod pmem;
+pub mod span;
 mod stats;
 
 pub use buf::IoBuf;
@@ -34,4 +35,5 @@ pub use mem::MemDevice;
 pub use nbd::{NbdDevice, NbdError, NbdOptions, NbdTarget};
 pub use overlay::OverlayDevice;
 pub use pmem::{FlushKind, Pmem, PmemDevice, PmemError, PmemMode, PmemOptions, PmemStats};
+pub use span::{SpanDevice, SpanError, SpanLayout, SpanMutant, TargetHeader};
 pub use stats::{Counters, DeviceStats};

@@ -17,6 +17,15 @@
 //! filter's `cache=unsafe`), and a log that acknowledges `commit_durable` without flushing
 //! (tally-log's `FlushSkipped` mutant).
 //!
+//! Multi-target images (several exports, one `SpanDevice` striping the log's segments over
+//! them, issue 18): three servers, each with its own writeback cache; at the kill moment one
+//! target (chosen at random) is killed first and the others a random 0-3 ms later, so each
+//! loses its own unflushed writes independently (target A may keep a later write of a stream
+//! that target B lost an earlier one of). The same four checks hold; with one target slow
+//! (every write to target 1 delayed 2 ms) writes complete out of order across targets. Broken
+//! variant: a flush round that flushes only target 0 (`SpanMutant::FlushFirstOnly`, with
+//! tally-media's `mutants` feature), caught as lost durability.
+//!
 //! One seed drives the kill times and the workload; a failure prints it
 //! (`TALLY_NBD_KILL_SEED=...` replays it, `TALLY_NBD_KILL_CYCLES=N` sets the cycle count).
 
@@ -29,10 +38,14 @@ use std::time::Duration;
 
 use nbd_common::{have, Nbdkit, Scratch};
 use tally_log::{Log, LogConfig, LogError, Mutant, OpenOptions, Transaction, TxId};
-use tally_media::{Device, NbdDevice, NbdOptions};
+use tally_media::span::span_mutants_available;
+use tally_media::{Device, NbdDevice, NbdOptions, SpanDevice, SpanLayout, SpanMutant};
 
 const STREAMS: u16 = 4;
 const EXPORT_BYTES: u64 = 64 << 20;
+/// Each export of a multi-target image.
+const TARGET_BYTES: u64 = 24 << 20;
+const SEGMENT_BLOCKS: u32 = 64;
 const DATA_BYTES: usize = 4096;
 
 /// What the test knows of one stream across cycles.
@@ -90,15 +103,30 @@ struct Variant {
     delay_write_ms: u32,
     /// A broken log protocol (the `mutants` feature of tally-log).
     mutant: Option<Mutant>,
+    /// Exports the image spans (1: the export is the device; more: a `SpanDevice`). With
+    /// several, `delay_write_ms` slows target 1 only.
+    targets: usize,
+    /// A broken multi-target flush (the `mutants` feature of tally-media).
+    span_mutant: Option<SpanMutant>,
 }
 
-const CORRECT: Variant = Variant { cache_mode: "writeback", delay_write_ms: 0, mutant: None };
+const CORRECT: Variant = Variant {
+    cache_mode: "writeback",
+    delay_write_ms: 0,
+    mutant: None,
+    targets: 1,
+    span_mutant: None,
+};
 
-fn start(socket: &Path, image: &Path, variant: Variant) -> Nbdkit {
+const THREE: Variant = Variant { targets: 3, ..CORRECT };
+
+/// Target `index` of the variant's servers.
+fn start(socket: &Path, image: &Path, variant: Variant, index: usize) -> Nbdkit {
     let file = format!("file={}", image.display());
     let cache = format!("cache={}", variant.cache_mode);
     let delay = format!("delay-write={}ms", variant.delay_write_ms);
-    if variant.delay_write_ms > 0 {
+    let slow = variant.targets == 1 || index == 1;
+    if variant.delay_write_ms > 0 && slow {
         let params = ["file", file.as_str(), cache.as_str(), delay.as_str()];
         Nbdkit::start(socket, &["delay", "cache"], &params)
     } else {
@@ -106,13 +134,33 @@ fn start(socket: &Path, image: &Path, variant: Variant) -> Nbdkit {
     }
 }
 
-fn open(server: &Nbdkit) -> Arc<NbdDevice> {
+fn open_one(server: &Nbdkit) -> Arc<NbdDevice> {
     let options = NbdOptions {
         connection_count: u32::from(STREAMS),
         timeout: Duration::from_secs(5),
         ..NbdOptions::default()
     };
     Arc::new(NbdDevice::open_uri(&server.uri, options).expect("open the restarted server"))
+}
+
+/// The image's device: the one export, or a `SpanDevice` over all of them in order.
+fn open(servers: &[Nbdkit], span_mutant: Option<SpanMutant>) -> Arc<dyn Device> {
+    if let [one] = servers {
+        return open_one(one);
+    }
+    let targets = servers.iter().map(|s| open_one(s) as Arc<dyn Device>).collect();
+    let mut span = SpanDevice::open(targets).expect("open the restarted targets");
+    span.set_mutant(span_mutant);
+    Arc::new(span)
+}
+
+fn start_all(dir: &Scratch, variant: Variant) -> Vec<Nbdkit> {
+    (0..variant.targets)
+        .map(|i| {
+            let (socket, image) = (dir.path(&format!("s{i}.sock")), dir.path(&format!("t{i}.img")));
+            start(&socket, &image, variant, i)
+        })
+        .collect()
 }
 
 /// Check what recovery found against the model; update the model to it. `Err` names the
@@ -264,22 +312,31 @@ fn kill_cycles(variant: Variant, cycles: u64, seed: u64) -> Result<Tally, String
     let options = OpenOptions { mutant: variant.mutant, ..OpenOptions::default() };
     let mut tally = Tally::default();
     let dir = Scratch::new("nbd-kill");
-    let image = dir.path("target.img");
-    std::fs::File::create(&image).unwrap().set_len(EXPORT_BYTES).unwrap();
-    let socket = dir.path("s.sock");
+    let bytes = if variant.targets == 1 { EXPORT_BYTES } else { TARGET_BYTES };
+    for i in 0..variant.targets {
+        let image = dir.path(&format!("t{i}.img"));
+        std::fs::File::create(&image).unwrap().set_len(bytes).unwrap();
+    }
+    let correct = Variant { targets: variant.targets, ..CORRECT };
     let mut rng = fastrand::Rng::with_seed(seed);
     {
-        // Formatted on a correct server: the broken one would lose the format itself.
-        let server = start(&socket, &image, CORRECT);
-        let dev = open(&server);
-        let config = LogConfig { streams: STREAMS, segment_blocks: 64, uuid: [7; 16] };
+        // Formatted on correct servers: a broken one would lose the format itself.
+        let servers = start_all(&dir, correct);
+        let dev: Arc<dyn Device> = if let [one] = &servers[..] {
+            open_one(one)
+        } else {
+            let targets = servers.iter().map(|s| open_one(s) as Arc<dyn Device>).collect();
+            let layout = SpanLayout { stripe_blocks: SEGMENT_BLOCKS, lead_blocks: 2 };
+            Arc::new(SpanDevice::format(targets, layout).unwrap())
+        };
+        let config = LogConfig { streams: STREAMS, segment_blocks: SEGMENT_BLOCKS, uuid: [7; 16] };
         Log::format(&*dev, &config).unwrap();
     }
     let mut model = vec![StreamModel::default(); usize::from(STREAMS)];
     let mut committed = 0u64;
     for cycle in 1..=cycles {
-        let mut server = start(&socket, &image, variant);
-        let dev = open(&server);
+        let mut servers = start_all(&dir, variant);
+        let dev = open(&servers, variant.span_mutant);
         let (log, recovery) = Log::open(dev.clone(), options)
             .map_err(|e| format!("cycle {cycle}: recovery failed: {e}"))?;
         check_recovery(&*dev, &recovery, &mut model).map_err(|e| format!("cycle {cycle}: {e}"))?;
@@ -294,11 +351,18 @@ fn kill_cycles(variant: Variant, cycles: u64, seed: u64) -> Result<Tally, String
             }
         }
         let kill_after = Duration::from_micros(rng.u64(2_000..60_000));
+        // One target first, the others a moment later, each losing its own cache.
+        let first = rng.usize(..servers.len());
+        let others_after = Duration::from_micros(rng.u64(0..3_000));
         let killer = std::thread::scope(|scope| {
-            let server = &mut server;
+            let servers = &mut servers;
             let killer = scope.spawn(move || {
                 std::thread::sleep(kill_after);
-                server.kill();
+                servers[first].kill();
+                std::thread::sleep(others_after);
+                for server in servers.iter_mut() {
+                    server.kill();
+                }
             });
             let outcome = workload(&log, &model, cycle, rng.u64(..));
             committed = outcome.iter().map(|&(_, next)| next).sum();
@@ -313,8 +377,8 @@ fn kill_cycles(variant: Variant, cycles: u64, seed: u64) -> Result<Tally, String
         drop(log);
     }
     // Recovery after the last kill.
-    let server = start(&socket, &image, CORRECT);
-    let dev = open(&server);
+    let servers = start_all(&dir, correct);
+    let dev = open(&servers, None);
     let (_log, recovery) = Log::open(dev.clone(), OpenOptions::default())
         .map_err(|e| format!("final recovery failed: {e}"))?;
     check_recovery(&*dev, &recovery, &mut model).map_err(|e| format!("final: {e}"))?;
@@ -381,5 +445,59 @@ fn a_log_that_acknowledges_durable_commits_without_flushing_is_caught() {
     let outcome = kill_cycles(broken, 30, seed);
     let e = outcome.expect_err("the log skips flushes, yet no violation was found");
     assert!(e.contains("acknowledged durable"), "caught, but not as lost durability: {e}");
+    eprintln!("caught as expected (seed {seed}): {e}");
+}
+
+#[test]
+fn killing_three_targets_independently_loses_nothing_acknowledged_durable() {
+    if !have("nbdkit") {
+        return;
+    }
+    let seed = env_u64("TALLY_NBD_KILL_SEED").unwrap_or_else(|| fastrand::u64(..));
+    let cycles = env_u64("TALLY_NBD_KILL_CYCLES").unwrap_or(100);
+    let tally = kill_cycles(THREE, cycles, seed).unwrap_or_else(|e| {
+        panic!("{e}\nreplay: TALLY_NBD_KILL_SEED={seed} cargo test --release -p tally-media --test nbd_kill")
+    });
+    eprintln!("{cycles} kill cycles over 3 targets (seed {seed}): {tally:?}");
+    assert!(tally.durable_checked >= cycles / 2, "{tally:?}");
+    assert!(tally.lost_undurable > 0, "no kill lost anything: {tally:?}");
+}
+
+#[test]
+fn one_slow_target_of_three_loses_nothing_acknowledged_durable() {
+    if !have("nbdkit") {
+        return;
+    }
+    let seed = env_u64("TALLY_NBD_KILL_SEED").unwrap_or_else(|| fastrand::u64(..));
+    let cycles = env_u64("TALLY_NBD_KILL_CYCLES").unwrap_or(100);
+    let slow = Variant { delay_write_ms: 2, ..THREE };
+    let tally = kill_cycles(slow, cycles, seed).unwrap_or_else(|e| {
+        panic!("{e}\nreplay: TALLY_NBD_KILL_SEED={seed} cargo test --release -p tally-media --test nbd_kill")
+    });
+    eprintln!("{cycles} kill cycles over 3 targets, target 1 slow (seed {seed}): {tally:?}");
+    assert!(tally.durable_checked >= cycles / 2, "{tally:?}");
+}
+
+#[test]
+fn a_flush_round_that_flushes_only_the_first_target_is_caught() {
+    if !have("nbdkit") {
+        return;
+    }
+    if !span_mutants_available() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs this test with --all-features: the mutant needs tally-media's `mutants`"
+        );
+        eprintln!("skipping: build with --features mutants to run the broken flush");
+        return;
+    }
+    let seed = env_u64("TALLY_NBD_KILL_SEED").unwrap_or_else(|| fastrand::u64(..));
+    let broken = Variant { span_mutant: Some(SpanMutant::FlushFirstOnly), ..THREE };
+    let outcome = kill_cycles(broken, 30, seed);
+    let e = outcome.expect_err("only target 0 is flushed, yet no violation was found");
+    // Lost durability shows either as a durable commit missing, or as recovery finding that
+    // a later unit's durable watermark proves a lost transaction was durable.
+    let lost = e.contains("acknowledged durable") || e.contains("proves durable");
+    assert!(lost, "caught, but not as lost durability: {e}");
     eprintln!("caught as expected (seed {seed}): {e}");
 }
