@@ -4,6 +4,8 @@
 //!   costs behind them (flushes, submissions, syscalls, bytes and CPU per transaction) and the
 //!   ratios between modes measured in the same run;
 //! - [`recovery`]: how fast [`tally_log::Log::open`] scans a full log;
+//! - [`crash_mount`]: a file system's mount after a crash as its history grows and what is
+//!   live stays the same (online checkpoints keep it flat);
 //! - [`fs`]: the file system's stream policies (per file, per thread, one stream) and its two
 //!   mount paths (clean-unmount snapshot, scan after a crash);
 //! - [`fs_peers`]: the file system against ext4 and SQLite on same-size block devices, its mount
@@ -27,6 +29,7 @@
 
 pub mod append;
 pub mod append_crash;
+pub mod crash_mount;
 mod error;
 pub mod fs;
 pub mod fs_peers;
