@@ -66,8 +66,9 @@ JSON (--json): {\"image\", \"status\": \"clean\"|\"corrupt\"|\"unusable\"|\"in_u
 docs/CLI.md describes each field.")]
 pub struct Args {
     /// Image file, block device or NBD export (`nbd://...`, `nbd+unix://...`) made by
-    /// `tally mkfs`.
-    image: PathBuf,
+    /// `tally mkfs`; for a multi-target image, every target in mkfs's order.
+    #[arg(value_name = "IMAGE", required = true, num_args = 1..)]
+    images: Vec<PathBuf>,
     /// Print the result as one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -120,7 +121,7 @@ pub struct Opened {
     /// Copy-on-write view of the image (reads from it, writes in memory).
     pub dev: Arc<dyn Device>,
     /// Held shared while checking; a mount's daemon holds it exclusive.
-    pub _lock: File,
+    pub _lock: crate::image::Lock,
     /// Both superblock copies, decoded or not.
     pub copies: Vec<(CopyReport, Option<Superblock>)>,
 }
@@ -131,8 +132,7 @@ pub struct Opened {
 /// # Errors
 /// A [`Stop`] with the exit code for it: bad arguments, in use, or unusable.
 pub fn open_image(path: &Path, command: &str, refuse_in_use: bool) -> Result<Opened, Stop> {
-    let target =
-        crate::image::nbd_target(path).map_err(|text| Stop { code: EXIT_BAD_INPUT, text })?;
+    let target = crate::image::remote(path).map_err(|text| Stop { code: EXIT_BAD_INPUT, text })?;
     if let Some(target) = target {
         return open_nbd_image(&target, command, refuse_in_use);
     }
@@ -162,18 +162,18 @@ pub fn open_image(path: &Path, command: &str, refuse_in_use: bool) -> Result<Ope
             e => unusable(format!("{shown}: {e}")),
         })?;
     let dev: Arc<dyn Device> = Arc::new(dev);
-    opened(dev, &shown.to_string(), lock)
+    opened(dev, &shown.to_string(), lock.into())
 }
 
 /// [`open_image`] on an NBD export: a copy-on-write view over the export (nothing is written
 /// to it), its lock file held shared.
 fn open_nbd_image(
-    target: &tally_media::NbdTarget,
+    target: &crate::image::Remote,
     command: &str,
     refuse_in_use: bool,
 ) -> Result<Opened, Stop> {
     let unusable = |text: String| Stop { code: EXIT_UNUSABLE, text };
-    let lock = crate::image::lock_nbd(target, false).map_err(unusable)?;
+    let lock = crate::image::lock_remote(target, false).map_err(unusable)?;
     let lock = match lock {
         Some(lock) => lock,
         None => {
@@ -185,19 +185,21 @@ fn open_nbd_image(
                 "tally {command}: warning: {text}; what follows is the image as last written"
             );
             // Held by nobody: the shared lock was refused, so hold an unlocked handle.
-            File::open(crate::image::nbd_lock_path(target)).map_err(|e| unusable(e.to_string()))?
+            File::open(crate::image::remote_lock_path(target))
+                .map_err(|e| unusable(e.to_string()))?
+                .into()
         }
     };
-    let dev = crate::image::open_nbd(target).map_err(|e| Stop {
+    let dev = crate::image::open_remote(target).map_err(|e| Stop {
         code: if crate::image::nbd_is_bad_input(&e) { EXIT_BAD_INPUT } else { EXIT_UNUSABLE },
         text: format!("cannot open {target}: {e}"),
     })?;
-    let dev: Arc<dyn Device> = Arc::new(OverlayDevice::new(Arc::new(dev)));
+    let dev: Arc<dyn Device> = Arc::new(OverlayDevice::new(dev));
     opened(dev, &target.to_string(), lock)
 }
 
 /// Decode the superblock copies of `dev` and check the image is whole.
-fn opened(dev: Arc<dyn Device>, shown: &str, lock: File) -> Result<Opened, Stop> {
+fn opened(dev: Arc<dyn Device>, shown: &str, lock: crate::image::Lock) -> Result<Opened, Stop> {
     let unusable = |text: String| Stop { code: EXIT_UNUSABLE, text };
     let copies = read_copies(&*dev).map_err(|e| unusable(format!("cannot read {shown}: {e}")))?;
     let best = copies.iter().filter_map(|(_, sb)| sb.as_ref()).max_by_key(|sb| sb.generation);
@@ -219,8 +221,7 @@ fn opened(dev: Arc<dyn Device>, shown: &str, lock: File) -> Result<Opened, Stop>
 /// `--salvage --force`: mount `path` for writing with the log's salvage option (the longest
 /// safe prefix), unmount it cleanly, and return what was dropped.
 fn salvage(path: &Path) -> Result<Vec<tally_log::Damage>, Stop> {
-    let target =
-        crate::image::nbd_target(path).map_err(|text| Stop { code: EXIT_BAD_INPUT, text })?;
+    let target = crate::image::remote(path).map_err(|text| Stop { code: EXIT_BAD_INPUT, text })?;
     if let Some(target) = target {
         return salvage_nbd(&target);
     }
@@ -244,15 +245,15 @@ fn salvage(path: &Path) -> Result<Vec<tally_log::Damage>, Stop> {
 }
 
 /// `--salvage --force` on an NBD export.
-fn salvage_nbd(target: &tally_media::NbdTarget) -> Result<Vec<tally_log::Damage>, Stop> {
+fn salvage_nbd(target: &crate::image::Remote) -> Result<Vec<tally_log::Damage>, Stop> {
     let unusable = |text: String| Stop { code: EXIT_UNUSABLE, text };
-    let lock = crate::image::lock_nbd(target, true).map_err(unusable)?.ok_or_else(|| Stop {
+    let lock = crate::image::lock_remote(target, true).map_err(unusable)?.ok_or_else(|| Stop {
         code: EXIT_IN_USE,
         text: format!("{target} is in use: a tally mount on this machine serves it"),
     })?;
-    let dev = crate::image::open_nbd(target)
+    let dev = crate::image::open_remote(target)
         .map_err(|e| unusable(format!("cannot open {target} for writing: {e}")))?;
-    let damage = salvage_on(Arc::new(dev), &target.to_string())?;
+    let damage = salvage_on(dev, &target.to_string())?;
     drop(lock);
     Ok(damage)
 }
@@ -322,8 +323,10 @@ pub fn run(args: &Args) -> ExitCode {
 }
 
 fn check(args: &Args) -> Report {
+    let joined = crate::image::join_images(&args.images);
+    let image = joined.clone().unwrap_or_else(|_| args.images.first().cloned().unwrap_or_default());
     let mut report = Report {
-        image: args.image.display().to_string(),
+        image: image.display().to_string(),
         status: "unusable",
         exit_code: EXIT_UNUSABLE,
         superblocks: Vec::new(),
@@ -332,6 +335,12 @@ fn check(args: &Args) -> Report {
         salvaged: None,
         error: None,
     };
+    if let Err(text) = joined {
+        report.exit_code = EXIT_BAD_INPUT;
+        report.status = "bad_arguments";
+        report.error = Some(text);
+        return report;
+    }
     if args.salvage {
         if !args.force {
             report.exit_code = EXIT_BAD_INPUT;
@@ -343,7 +352,7 @@ fn check(args: &Args) -> Report {
             );
             return report;
         }
-        match salvage(&args.image) {
+        match salvage(&image) {
             Ok(damage) => report.salvaged = Some(damage),
             Err(stop) => {
                 report.exit_code = stop.code;
@@ -353,7 +362,7 @@ fn check(args: &Args) -> Report {
             }
         }
     }
-    let opened = match open_image(&args.image, "fsck", true) {
+    let opened = match open_image(&image, "fsck", true) {
         Ok(o) => o,
         Err(stop) => {
             report.exit_code = stop.code;
@@ -380,7 +389,7 @@ fn check(args: &Args) -> Report {
             bar.finish_and_clear();
             report.exit_code = classify_mount_error(&e);
             report.status = if report.exit_code == EXIT_CORRUPT { "corrupt" } else { "unusable" };
-            report.error = Some(format!("cannot mount {}: {e}", args.image.display()));
+            report.error = Some(format!("cannot mount {}: {e}", image.display()));
             return report;
         }
     };

@@ -40,7 +40,13 @@ Exit codes: 0 made; 1 I/O error; 2 bad arguments; 3 refused (the target holds da
 system: give --force to overwrite it).")]
 pub struct Args {
     /// Image file (created sparse if missing), block device, or NBD export
-    /// (`nbd://host[:port]/export`, `nbd+unix:///export?socket=PATH`).
+    /// (`nbd://host[:port]/export`, `nbd+unix:///export?socket=PATH`); several NBD exports make
+    /// one multi-target image over all of them (give the same list, in the same order, to
+    /// mount, fsck and inspect).
+    #[arg(value_name = "IMAGE", required = true, num_args = 1..)]
+    images: Vec<PathBuf>,
+    /// The IMAGE list as one (see `image::join_images`).
+    #[arg(skip)]
     image: PathBuf,
     /// Size of the image file, e.g. 512M, 4G (K/M/G/T are powers of 1024). Needed for a new
     /// file; resizes an existing file only with --force; not for block devices.
@@ -111,6 +117,13 @@ pub fn run(args: &Args) -> ExitCode {
 }
 
 fn make(args: &Args) -> Result<String, Stop> {
+    let image = crate::image::join_images(&args.images).map_err(Stop::BadInput)?;
+    let args = &Args { image, images: Vec::new(), ..*args };
+    if let Some(remote) = crate::image::remote(&args.image).map_err(Stop::BadInput)? {
+        if remote.targets.len() > 1 {
+            return make_on_span(args, &remote);
+        }
+    }
     if let Some(target) = crate::image::nbd_target(&args.image).map_err(Stop::BadInput)? {
         return make_on_nbd(args, &target);
     }
@@ -217,6 +230,50 @@ fn make_on_nbd(args: &Args, target: &tally_media::NbdTarget) -> Result<String, S
         }
     }
     make_fs(Arc::new(dev), &target.to_string(), args)
+}
+
+/// `tally mkfs nbd://a nbd://b ...`: a multi-target image, each target's head judged as one
+/// export's is, then a target header on each and the file system over them all.
+fn make_on_span(args: &Args, remote: &crate::image::Remote) -> Result<String, Stop> {
+    if args.size.is_some() {
+        return Err(Stop::BadInput(format!(
+            "{remote} are NBD exports: their sizes are the servers' (drop --size)"
+        )));
+    }
+    let _lock = crate::image::lock_remote(remote, true).map_err(Stop::Io)?.ok_or_else(|| {
+        Stop::Refused(format!("{remote}: a target is in use by a tally mount on this machine"))
+    })?;
+    let devices = crate::image::open_targets_for_mkfs(remote, args.block_size, args.streams)
+        .map_err(|(bad, text)| if bad { Stop::BadInput(text) } else { Stop::Io(text) })?;
+    if !args.force {
+        for (dev, target) in devices.iter().zip(&remote.targets) {
+            let g = dev.geometry();
+            let head_blocks = (HEAD_BYTES as u64 / u64::from(g.block_size)).min(g.block_count);
+            let mut head =
+                vec![0u8; usize::try_from(head_blocks).unwrap_or(0) * g.block_size as usize];
+            dev.read(0, &mut head).map_err(|e| Stop::Io(format!("cannot read {target}: {e}")))?;
+            let span_magic = head.get(..8) == Some(&tally_media::span::TARGET_MAGIC[..]);
+            let found = recognise(&head)
+                .or(span_magic.then_some("a target of a multi-target Tally image"))
+                .or_else(|| head.iter().any(|&b| b != 0).then_some("data"));
+            if let Some(what) = found {
+                return Err(Stop::Refused(format!(
+                    "{target} holds {what}: give --force to overwrite it"
+                )));
+            }
+        }
+    }
+    let block_size = devices.first().map_or(4096, |d| d.geometry().block_size);
+    let span = crate::image::format_span(devices, SEGMENT_BYTES / block_size).map_err(|e| {
+        if crate::image::nbd_is_bad_input(&e) {
+            Stop::BadInput(format!("cannot make a multi-target image on {remote}: {e}"))
+        } else {
+            Stop::Io(format!("cannot write the target headers of {remote}: {e}"))
+        }
+    })?;
+    let count = span.targets().len();
+    let made = make_fs(Arc::new(span), &remote.to_string(), args)?;
+    Ok(format!("{made}, over {count} targets"))
 }
 
 /// Make the file system on an opened device; `shown` names it in messages.

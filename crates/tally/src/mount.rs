@@ -63,8 +63,10 @@ Exit codes: 0 mounted (daemon) or unmounted cleanly (--foreground); 1 I/O error 
 unclean unmount; 2 bad arguments, an image in use, or not a Tally image.")]
 pub struct MountArgs {
     /// Image file, block device or NBD export (`nbd://host[:port]/export`,
-    /// `nbd+unix:///export?socket=PATH`) made by `tally mkfs`.
-    image: PathBuf,
+    /// `nbd+unix:///export?socket=PATH`) made by `tally mkfs`; for a multi-target image, every
+    /// target in the order mkfs was given them.
+    #[arg(value_name = "IMAGE", required = true, num_args = 1..)]
+    images: Vec<PathBuf>,
     /// Directory to mount it on.
     dir: PathBuf,
     /// Stay in the foreground, logging to stderr.
@@ -155,12 +157,14 @@ fn prepare(args: &MountArgs) -> Result<(PathBuf, PathBuf, MountConfig), Stop> {
     if let Some(t) = args.threads {
         cfg.threads = usize::from(t);
     }
-    // An NBD export is checked here (the URI) and opened by the daemon, after the fork.
-    let image = if let Some(target) = crate::image::nbd_target(&args.image).map_err(bad)? {
-        PathBuf::from(target.to_string())
+    // An NBD export is checked here (the URI) and opened by the daemon, after the fork; so
+    // are the targets of a multi-target image (passed on as one space-separated list).
+    let joined = crate::image::join_images(&args.images).map_err(bad)?;
+    let image = if let Some(remote) = crate::image::remote(&joined).map_err(bad)? {
+        PathBuf::from(remote.to_string())
     } else {
-        let image = std::fs::canonicalize(&args.image)
-            .map_err(|e| bad(format!("image {}: {e}", args.image.display())))?;
+        let image = std::fs::canonicalize(&joined)
+            .map_err(|e| bad(format!("image {}: {e}", joined.display())))?;
         let meta =
             std::fs::metadata(&image).map_err(|e| bad(format!("{}: {e}", image.display())))?;
         if !meta.is_file() && !meta.file_type().is_block_device() {
@@ -333,14 +337,14 @@ fn init_logging(foreground: bool) {
 }
 
 /// Lock the image for this process's lifetime; `None` if another process holds it.
-fn lock_image(image: &Path) -> Result<Option<File>, Stop> {
-    if let Some(target) = crate::image::nbd_target(image).map_err(bad)? {
-        return crate::image::lock_nbd(&target, true).map_err(io_failure);
+fn lock_image(image: &Path) -> Result<Option<crate::image::Lock>, Stop> {
+    if let Some(remote) = crate::image::remote(image).map_err(bad)? {
+        return crate::image::lock_remote(&remote, true).map_err(io_failure);
     }
     let file = File::open(image).map_err(|e| io_failure(format!("{}: {e}", image.display())))?;
     // SAFETY: flock on a descriptor owned by `file`.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-        return Ok(Some(file));
+        return Ok(Some(file.into()));
     }
     let e = io::Error::last_os_error();
     if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
@@ -352,13 +356,13 @@ fn lock_image(image: &Path) -> Result<Option<File>, Stop> {
 
 /// The image's device: a file or block device, or an NBD export (one connection per stream).
 fn open_device(image: &Path) -> Result<Arc<dyn tally_media::Device>, Stop> {
-    if let Some(target) = crate::image::nbd_target(image).map_err(bad)? {
-        return match crate::image::open_nbd(&target) {
-            Ok(dev) => Ok(Arc::new(dev)),
+    if let Some(remote) = crate::image::remote(image).map_err(bad)? {
+        return match crate::image::open_remote(&remote) {
+            Ok(dev) => Ok(dev),
             Err(e) if crate::image::nbd_is_bad_input(&e) => {
-                Err(bad(format!("cannot use {target}: {e}")))
+                Err(bad(format!("cannot use {remote}: {e}")))
             }
-            Err(e) => Err(io_failure(format!("cannot open {target}: {e}"))),
+            Err(e) => Err(io_failure(format!("cannot open {remote}: {e}"))),
         };
     }
     let block_size = crate::image::block_size_of(image).map_err(io_failure)?;
@@ -384,7 +388,11 @@ fn serve(image: &Path, dir: &Path, cfg: MountConfig, notify: Notify) -> ExitCode
         Ok(dev) => dev,
         Err(stop) => return notify.failed(&stop),
     };
-    let opts = MountOptions { write_behind: cfg.write_behind(), ..MountOptions::default() };
+    let opts = MountOptions {
+        write_behind: cfg.write_behind(),
+        replay_budget: cfg.replay_budget(),
+        ..MountOptions::default()
+    };
     let fs = match Fs::mount(dev, opts) {
         Ok(fs) => fs,
         Err(e @ tally_fs::FsError::Log(tally_log::LogError::DurableTransactionLost { .. })) => {
@@ -491,8 +499,8 @@ fn umount(args: &UmountArgs) -> Result<String, Stop> {
     // The daemon holds a lock on its image (an NBD export's lock file) until it has written
     // the snapshot and exited.
     let image = PathBuf::from(&source);
-    let lock_path = match crate::image::nbd_target(&image) {
-        Ok(Some(target)) => crate::image::nbd_lock_path(&target),
+    let lock_path = match crate::image::remote(&image) {
+        Ok(Some(remote)) => crate::image::remote_lock_path(&remote),
         _ => image.clone(),
     };
     let Ok(file) = File::open(&lock_path) else {

@@ -117,7 +117,8 @@ fn missing_text(missing: &[usize]) -> String {
         String::new()
     } else {
         let list: Vec<String> = missing.iter().map(ToString::to_string).collect();
-        format!(" (missing: target {})", list.join(", "))
+        let noun = if missing.len() == 1 { "target" } else { "targets" };
+        format!(" (missing: {noun} {})", list.join(", "))
     }
 }
 
