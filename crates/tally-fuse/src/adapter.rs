@@ -78,8 +78,8 @@ const FALLOC_ZERO_RANGE: i32 = 0x10;
 
 /// How regular files are opened: `close` sends no `FLUSH` (there is nothing to flush: every
 /// write is a transaction when it returns, and a transaction an open file owns ends at
-/// `RELEASE`, which the kernel still sends) — except for a file open for writing, which may
-/// own an atomic write ([`TallyFuse::file_open_flags`]) — and their pages stay cached from one
+/// `RELEASE`, which the kernel still sends) — except for a file open for writing that may own
+/// an atomic write ([`TallyFuse::file_open_flags`]) — and their pages stay cached from one
 /// open to the next (the kernel sees every change to them, and an abort drops them itself) —
 /// unless the file is [`TallyFuse::patchy`].
 const FILE_OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE.union(FopenFlags::FOPEN_NOFLUSH);
@@ -302,9 +302,11 @@ impl TallyFuse {
         self.patchy.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A new file handle; its low bit says whether it was opened for writing.
-    fn fh(&self, writable: bool) -> FileHandle {
-        FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed) << 1 | u64::from(writable))
+    /// A new file handle: its low bit says whether it was opened for writing, the next
+    /// whether the kernel sends `FLUSH` when it is closed (whether it may own an atomic write).
+    fn fh(&self, writable: bool, flushed: bool) -> FileHandle {
+        let n = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        FileHandle(n << 2 | u64::from(flushed) << 1 | u64::from(writable))
     }
 
     /// Whether handle `fh` was opened for writing.
@@ -312,16 +314,29 @@ impl TallyFuse {
         fh.0 & 1 == 1
     }
 
-    /// How a regular file opened with `flags` is opened: one open for writing gets `FLUSH` at
-    /// close, where an atomic write it owns is aborted if its process is dying, before the
-    /// kernel drops the process's POSIX locks (`txns.rs`).
-    fn file_open_flags(flags: i32) -> (bool, FopenFlags) {
+    /// Whether the kernel sends `FLUSH` when handle `fh` is closed (files opened with
+    /// `FOPEN_NOFLUSH` get none, so an atomic write cannot start through them).
+    fn flushed(fh: FileHandle) -> bool {
+        fh.0 & 2 == 2
+    }
+
+    /// How a regular file opened with `flags` is opened, and its handle's two bits (writable,
+    /// flushed). One open for writing gets `FLUSH` at close, where an atomic write it owns is
+    /// aborted if its process is dying, before the kernel drops the process's POSIX locks
+    /// (`txns.rs`) — unless it was opened with `O_EXCL`, `O_TRUNC` or `O_APPEND`: none is how
+    /// a program opens a file to rewrite it in place with F2FS's atomic writes (SQLite opens its
+    /// databases `O_RDWR`, `O_CREAT` at most), so such a handle may start none
+    /// (`adapter/f2fs.rs`) and its `close` costs no round trip (tar, git, cp, compilers, shell
+    /// redirections, appenders). The kernel keeps `O_EXCL` and `O_TRUNC` only in `CREATE`.
+    fn file_open_flags(flags: i32) -> (bool, bool, FopenFlags) {
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let not_in_place = flags & (libc::O_EXCL | libc::O_TRUNC | libc::O_APPEND) != 0;
+        let flushed = writable && !not_in_place;
         let mut open = FILE_OPEN_FLAGS;
-        if writable {
+        if flushed {
             open.remove(FopenFlags::FOPEN_NOFLUSH);
         }
-        (writable, open)
+        (writable, flushed, open)
     }
 
     /// [`TallyFuse::change`] for a request through handle `fh`: into the atomic write `fh`
@@ -717,11 +732,11 @@ impl TallyFuse {
     pub(crate) fn open(&self, ino: u64, open_flags: i32) -> Result<Opened, Errno> {
         self.requests.count(Opcode::Open);
         self.call("open", |fs| Ok(fs.open(ino)?))?;
-        let (writable, mut flags) = Self::file_open_flags(open_flags);
+        let (writable, flushed, mut flags) = Self::file_open_flags(open_flags);
         if self.patchy().remove(&ino) {
             flags.remove(FopenFlags::FOPEN_KEEP_CACHE);
         }
-        Ok(Opened { fh: self.fh(writable), flags })
+        Ok(Opened { fh: self.fh(writable, flushed), flags })
     }
 
     pub(crate) fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
@@ -793,7 +808,7 @@ impl TallyFuse {
     pub(crate) fn opendir(&self, ino: u64) -> Result<Opened, Errno> {
         self.requests.count(Opcode::Opendir);
         self.call("opendir", |fs| Ok(fs.open(ino)?))?;
-        Ok(Opened { fh: self.fh(false), flags: DIR_OPEN_FLAGS })
+        Ok(Opened { fh: self.fh(false, false), flags: DIR_OPEN_FLAGS })
     }
 
     /// The names of directory `ino` from cookie `offset` on (the transport sends as many as
@@ -953,8 +968,8 @@ impl TallyFuse {
             Ok(Self::attr_of(fs, &a))
         })?;
         // One timeout for the entry and the attributes here.
-        let (writable, flags) = Self::file_open_flags(open_flags);
-        Ok((self.entry_one_ttl(attr), Opened { fh: self.fh(writable), flags }))
+        let (writable, flushed, flags) = Self::file_open_flags(open_flags);
+        Ok((self.entry_one_ttl(attr), Opened { fh: self.fh(writable, flushed), flags }))
     }
 
     /// An ioctl on a file or directory (the kernel sends `FUSE_IOCTL_DIR` for a directory);
@@ -1175,6 +1190,41 @@ mod tests {
         a.release(e.attr.ino.0, o.fh).unwrap();
         assert_eq!(a.requests.get(Opcode::Create), 1);
         a.destroy();
+        a.destroy();
+        assert_eq!(a.outcome.lock().unwrap().clone(), Some(Unmounted::Clean));
+    }
+
+    #[test]
+    fn only_opens_that_may_rewrite_in_place_get_flush_and_own_atomic_writes() {
+        let a = adapter();
+        let who = Caller { uid: 0, gid: 0, pid: std::process::id() };
+        let flush = |o: &Opened| !o.flags.contains(FopenFlags::FOPEN_NOFLUSH);
+        let start = |ino: u64, o: &Opened| {
+            a.ioctl(who, ino, o.fh, f2fs::START_ATOMIC_WRITE, 0).map(|_| ()).map_err(|e| e.code())
+        };
+        // tar, git, cp: a new file with O_EXCL; File::create and `>`: O_TRUNC.
+        let (e, o) = a.create(who, ROOT, b"x", 0o644, libc::O_WRONLY | libc::O_EXCL).unwrap();
+        let x = e.attr.ino.0;
+        assert!(!flush(&o), "O_EXCL create");
+        assert_eq!(start(x, &o), Err(libc::EOPNOTSUPP), "no FLUSH, no atomic write");
+        let (_, o) = a.create(who, ROOT, b"t", 0o644, libc::O_WRONLY | libc::O_TRUNC).unwrap();
+        assert!(!flush(&o), "O_TRUNC create");
+        let o = a.open(x, libc::O_WRONLY | libc::O_APPEND).unwrap();
+        assert!(!flush(&o), "O_APPEND open");
+        assert_eq!(start(x, &o), Err(libc::EOPNOTSUPP));
+        let o = a.open(x, libc::O_RDONLY).unwrap();
+        assert!(!flush(&o), "read-only open");
+        assert_eq!(start(x, &o), Err(libc::EBADF), "as F2FS: not open for writing");
+        // SQLite's database: O_RDWR (O_CREAT when new). FLUSH, and the atomic write starts.
+        let (e, o) = a.create(who, ROOT, b"db", 0o644, libc::O_RDWR).unwrap();
+        assert!(flush(&o), "O_RDWR create");
+        assert_eq!(start(e.attr.ino.0, &o), Ok(()));
+        a.release(e.attr.ino.0, o.fh).unwrap();
+        let o = a.open(x, libc::O_RDWR).unwrap();
+        assert!(flush(&o), "O_RDWR open");
+        assert_eq!(start(x, &o), Ok(()));
+        a.release(x, o.fh).unwrap();
+        assert_eq!(a.requests.get(Opcode::F2fsStartAtomicWrite), 5);
         a.destroy();
         assert_eq!(a.outcome.lock().unwrap().clone(), Some(Unmounted::Clean));
     }

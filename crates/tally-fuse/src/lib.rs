@@ -19,8 +19,9 @@
 //! - **listings with attributes** (`READDIRPLUS`): no `LOOKUP` per listed name;
 //! - **no `FLUSH` at close** (`FOPEN_NOFLUSH`) of a file open only for reading: every write
 //!   is a transaction when it returns, and the kernel still sends `RELEASE`, which ends a
-//!   transaction its open file owns. A file open for writing gets `FLUSH`, where an F2FS
-//!   atomic write its dying process left open is aborted before the kernel drops the
+//!   transaction its open file owns. A file open for writing in place (not `O_EXCL`,
+//!   `O_TRUNC` or `O_APPEND`, through which no atomic write can start) gets `FLUSH`, where an
+//!   F2FS atomic write its dying process left open is aborted before the kernel drops the
 //!   process's POSIX locks;
 //! - **privileges dropped by the file system** (`FUSE_HANDLE_KILLPRIV_V2`): Tally takes
 //!   set-user-ID and set-group-ID bits and `security.capability` on write, truncate and chown

@@ -11,6 +11,10 @@
 //!   commit, abort), `EACCES` for a caller neither owner nor root, `EINVAL` to start on what is
 //!   not a regular file; start twice is 0, commit without start is an `fsync`, abort without
 //!   start is 0;
+//! - an atomic write is owned only by a handle the kernel sends `FLUSH` for, where it is
+//!   aborted if its process dies: start through a handle opened with `O_EXCL`, `O_TRUNC` or
+//!   `O_APPEND` (which get `FOPEN_NOFLUSH`, `TallyFuse::file_open_flags`) is `EOPNOTSUPP`, and
+//!   SQLite, given an error at start, commits with its journal;
 //! - commit is `Fs::commit_durable` (one flush), so the `fsync` SQLite sends after it finds
 //!   the file durable and costs no flush.
 
@@ -81,6 +85,11 @@ impl TallyFuse {
             return Err(errno(&Failure::NotOwner));
         }
         match cmd {
+            START_ATOMIC_WRITE if !Self::flushed(fh) => {
+                // No FLUSH at this handle's close: a dying owner could not be aborted before
+                // the kernel drops its POSIX locks and a reader takes them.
+                return Err(Errno::from_i32(libc::EOPNOTSUPP));
+            }
             START_ATOMIC_WRITE => {
                 if attr.kind != FileKind::File {
                     let why = "atomic write on what is not a regular file";
