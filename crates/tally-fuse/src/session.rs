@@ -58,6 +58,11 @@ pub struct MountConfig {
     /// ([`MountConfig::write_behind`]); it does not make changes durable (`fsync`, `sync`
     /// and the maintenance round do).
     pub commit_interval: Duration,
+    /// MiB of log a crash may leave to replay before the file system writes a checkpoint
+    /// snapshot (`-o replay_budget_mib=N`; `None`: the library's default,
+    /// [`tally_fs::REPLAY_BUDGET_DEFAULT`]; 0: no online checkpoints). Whoever mounts the
+    /// [`Fs`] applies it ([`MountConfig::replay_budget`]).
+    pub replay_budget_mib: Option<u64>,
     /// The kernel's read-ahead for the mount, in KiB (`-o read_ahead_kb=N`; 0 leaves the
     /// kernel's default, 128). Set through the mount's `/sys/class/bdi/MAJ:MIN/read_ahead_kb`
     /// once the kernel has taken the daemon's `INIT` reply: a FUSE `INIT` can only lower it.
@@ -86,6 +91,7 @@ impl Default for MountConfig {
             atomic_writes: true,
             maintenance_interval: Duration::from_secs(5),
             commit_interval: tally_log::WriteBehind::INTERVAL_DEFAULT,
+            replay_budget_mib: None,
             read_ahead_kb: READ_AHEAD_KB_DEFAULT,
             io_uring: IoUring::Auto,
             fsname: "tally".into(),
@@ -117,6 +123,12 @@ impl MountConfig {
     pub fn write_behind(&self) -> Option<tally_log::WriteBehind> {
         (!self.commit_interval.is_zero())
             .then(|| tally_log::WriteBehind::with_interval(self.commit_interval))
+    }
+
+    /// The replay budget in bytes for `tally_fs::MountOptions::replay_budget`.
+    #[must_use]
+    pub fn replay_budget(&self) -> Option<u64> {
+        self.replay_budget_mib.map(|mib| mib << 20)
     }
 }
 
@@ -166,6 +178,16 @@ pub fn parse_options(list: &str, cfg: &mut MountConfig) -> Result<(), String> {
                 })?;
                 cfg.commit_interval = Duration::from_millis(ms);
             }
+            o if o.starts_with("replay_budget_mib=") => {
+                let mib = o["replay_budget_mib=".len()..]
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|&mib| mib <= 1 << 20)
+                    .ok_or_else(|| {
+                        format!("{o:?}: replay_budget_mib takes MiB up to 1048576, e.g. 64 (0: no online checkpoints)")
+                    })?;
+                cfg.replay_budget_mib = Some(mib);
+            }
             o if o.starts_with("read_ahead_kb=") => {
                 cfg.read_ahead_kb = o["read_ahead_kb=".len()..]
                     .parse::<u32>()
@@ -190,7 +212,7 @@ pub fn parse_options(list: &str, cfg: &mut MountConfig) -> Result<(), String> {
             o => {
                 return Err(format!(
                     "unknown mount option {o:?} (known: default_permissions, allow_other, \
-                     txn_wait_ms=N, commit_ms=N, no_atomic_write, read_ahead_kb=N, io_uring=auto|on|off, attr_timeout=S, entry_timeout=S, negative_timeout=S, {})",
+                     txn_wait_ms=N, commit_ms=N, replay_budget_mib=N, no_atomic_write, read_ahead_kb=N, io_uring=auto|on|off, attr_timeout=S, entry_timeout=S, negative_timeout=S, {})",
                     PASSED_THROUGH.join(", ")
                 ));
             }
@@ -519,6 +541,9 @@ mod tests {
         assert!(parse_options("read_ahead_kb=2000000", &mut cfg).is_err());
         assert!(parse_options("read_ahead_kb=1M", &mut cfg).is_err());
         assert_eq!(MountConfig::default().read_ahead_kb, READ_AHEAD_KB_DEFAULT);
+        parse_options("replay_budget_mib=16", &mut cfg).unwrap();
+        assert_eq!(cfg.replay_budget(), Some(16 << 20));
+        assert!(parse_options("replay_budget_mib=lots", &mut cfg).is_err());
         parse_options("commit_ms=250", &mut cfg).unwrap();
         assert_eq!(cfg.write_behind().and_then(|w| w.interval), Some(Duration::from_millis(250)));
         parse_options("commit_ms=0", &mut cfg).unwrap();

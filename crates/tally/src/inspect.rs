@@ -36,8 +36,9 @@ could be read is shown); 8 unusable image (not a Tally image, truncated, or unre
 docs/CLI.md describes the JSON fields.")]
 pub struct Args {
     /// Image file, block device or NBD export (`nbd://...`, `nbd+unix://...`) made by
-    /// `tally mkfs`.
-    image: PathBuf,
+    /// `tally mkfs`; for a multi-target image, every target in mkfs's order.
+    #[arg(value_name = "IMAGE", required = true, num_args = 1..)]
+    images: Vec<PathBuf>,
     /// Print one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -55,6 +56,9 @@ struct SuperblockView {
     segment_count: u32,
     first_segment_block: u64,
     snapshot_segment: Option<u32>,
+    /// The snapshot is a checkpoint snapshot (written online once the replay budget was spent;
+    /// a crash recovery starts from it): the superblock generation that first pointed at it.
+    checkpoint_snapshot_generation: Option<u64>,
 }
 
 /// The checkpoint of one stream, as the superblock records it.
@@ -119,7 +123,14 @@ struct Inspection {
 
 /// Run `tally inspect`.
 pub fn run(args: &Args) -> ExitCode {
-    let opened = match open_image(&args.image, "inspect", false) {
+    let image = match crate::image::join_images(&args.images) {
+        Ok(image) => image,
+        Err(text) => {
+            eprintln!("tally inspect: error: {text}");
+            return ExitCode::from(crate::EXIT_BAD_INPUT);
+        }
+    };
+    let opened = match open_image(&image, "inspect", false) {
         Ok(o) => o,
         Err(stop) => {
             eprintln!("tally inspect: error: {}", stop.text);
@@ -136,7 +147,7 @@ pub fn run(args: &Args) -> ExitCode {
         return ExitCode::from(crate::fsck::EXIT_UNUSABLE);
     };
     let mut view = Inspection {
-        image: args.image.display().to_string(),
+        image: image.display().to_string(),
         superblocks: opened.copies.iter().map(|(c, _)| c.clone()).collect(),
         superblock: superblock_view(sb.0, sb.1),
         streams: sb.1.streams.iter().enumerate().map(|(i, root)| stream_view(i, root)).collect(),
@@ -203,6 +214,7 @@ fn superblock_view(copy_block: u64, sb: &Superblock) -> SuperblockView {
         segment_count: sb.segment_count,
         first_segment_block: sb.first_segment_block,
         snapshot_segment: sb.snapshot,
+        checkpoint_snapshot_generation: sb.snapshot_generation,
     }
 }
 
@@ -281,12 +293,19 @@ fn print_text(v: &Inspection) {
         "  geometry: {} blocks of {} bytes; {} segments of {} blocks from block {}",
         sb.block_count, sb.block_size, sb.segment_count, sb.segment_blocks, sb.first_segment_block
     );
-    match sb.snapshot_segment {
-        Some(seg) => println!(
+    match (sb.snapshot_segment, sb.checkpoint_snapshot_generation) {
+        (Some(seg), Some(generation)) => println!(
+            "  snapshot: a checkpoint snapshot (generation {generation}) starts at segment {seg}: \
+             a mount reads it, then replays each stream's log after its checkpoint — at most the \
+             replay budget written since (`tally mount -o replay_budget_mib=N`, 64 by default)"
+        ),
+        (Some(seg), None) => println!(
             "  snapshot: a clean unmount's snapshot starts at segment {seg} (the next mount reads \
              it instead of scanning)"
         ),
-        None => println!("  snapshot: none (the next mount scans the log from each checkpoint)"),
+        (None, _) => {
+            println!("  snapshot: none (the next mount scans the log from each checkpoint)");
+        }
     }
     if let Some(free) = v.free_segments {
         println!("  free segments: {free} of {}", sb.segment_count);
