@@ -13,14 +13,20 @@
 //!                     attach: SQLite's super-journal commit
 //!             wal     write-ahead log (attach: not atomic across the two files)
 //!             atomic  attach on lib: only: tally_sqlite::atomic, one Tally transaction
+//!             MODE+excl  the same with `PRAGMA locking_mode=EXCLUSIVE` (one connection owns
+//!                     the file: SQLite bumps the change counter on page 1 once, not per
+//!                     commit, and skips the per-transaction lock, page-1 and hot-journal
+//!                     checks)
 //!   TARGET    DIR     databases in DIR through SQLite's unix VFS
 //!             lib:DEV Tally in this process on DEV (image file or block device, made anew,
 //!                     O_DIRECT), databases through the Tally VFS
 //!   SECONDS   measuring window, after 50 warm-up commits
 //! ```
 //!
-//! Prints one line: `commits N seconds S`; for `lib:` targets `flushes F bytes B` (the Tally
-//! device's own counters: flushes and bytes written during the window); and, when
+//! Prints one line: `commits N seconds S`; for `lib:` targets `flushes F bytes B submissions U
+//! dev_writes W vfs_writes X vfs_bytes Y` (the Tally device's own counters during the window:
+//! flushes, bytes written, `submit` calls, write requests; and what SQLite handed the VFS's
+//! `xWrite`); and, when
 //! `SQLITE_BENCH_STAT` names a block device's `/sys/dev/block/MAJ:MIN/stat`, `blk_flushes F
 //! blk_bytes B` read from it at the window's start and end (any target on a loop device). Every commit is `synchronous=FULL`.
 //! The SQLite is this workspace's (bundled, `SQLITE_ENABLE_BATCH_ATOMIC_WRITE`).
@@ -47,6 +53,7 @@ enum Workload {
 struct Bench {
     workload: Workload,
     mode: String,
+    exclusive: bool,
     rng: fastrand::Rng,
     next: i64,
 }
@@ -99,6 +106,15 @@ impl Bench {
                    INSERT INTO b.acct SELECT i, 1000 FROM n;
                  COMMIT;",
             )?,
+        }
+        if self.exclusive {
+            // After the first commit: in exclusive mode SQLite keeps a journal file it opened
+            // open for good, and a journal that is a file turns the batch-atomic path off (it
+            // needs the in-memory one). The first commit on an empty database journals to a
+            // file, so setting the mode before it would turn batches off for the connection.
+            for s in schemas {
+                db.pragma_update(Some(s), "locking_mode", "EXCLUSIVE")?;
+            }
         }
         Ok(())
     }
@@ -241,6 +257,10 @@ fn main() -> Result<(), Error> {
         "attach" => Workload::Attach,
         w => return Err(format!("unknown workload {w}").into()),
     };
+    let (mode, exclusive) = match mode.strip_suffix("+excl") {
+        Some(m) => (m.to_owned(), true),
+        None => (mode.clone(), false),
+    };
     if !["delete", "wal", "atomic"].contains(&mode.as_str()) {
         return Err(format!("unknown mode {mode}").into());
     }
@@ -248,8 +268,13 @@ fn main() -> Result<(), Error> {
         return Err("mode atomic is for the attach workload on a lib: target".into());
     }
     let window = Duration::from_secs_f64(seconds.parse()?);
-    let mut bench =
-        Bench { workload, mode: mode.clone(), rng: fastrand::Rng::with_seed(17), next: 0 };
+    let mut bench = Bench {
+        workload,
+        mode: mode.clone(),
+        exclusive,
+        rng: fastrand::Rng::with_seed(17),
+        next: 0,
+    };
 
     if let Some(dev_path) = target.strip_prefix("lib:") {
         let options = FileOptions { direct: DirectMode::On, ..FileOptions::default() };
@@ -265,15 +290,20 @@ fn main() -> Result<(), Error> {
         }
         bench.setup(&db, "/bench-b.db")?;
         let mut at_start = None;
-        let (commits, secs) =
-            bench.drive(&db, window, || at_start = Some((dev.stats(), block_stat())))?;
-        let (d0, blk0) = at_start.ok_or("no start")?;
+        let (commits, secs) = bench
+            .drive(&db, window, || at_start = Some((dev.stats(), vfs.stats(), block_stat())))?;
+        let (d0, v0, blk0) = at_start.ok_or("no start")?;
         let d1 = dev.stats();
         let v = vfs.stats();
         println!(
-            "commits {commits} seconds {secs:.3} flushes {} bytes {} journals {} groups {}{}",
+            "commits {commits} seconds {secs:.3} flushes {} bytes {} submissions {} \
+             dev_writes {} vfs_writes {} vfs_bytes {} journals {} groups {}{}",
             d1.flushes - d0.flushes,
             d1.bytes_written - d0.bytes_written,
+            d1.submissions - d0.submissions,
+            d1.writes - d0.writes,
+            v.file_writes - v0.file_writes,
+            v.file_bytes - v0.file_bytes,
             v.journal_opens,
             v.group_commits,
             block_delta(blk0),

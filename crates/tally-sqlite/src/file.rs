@@ -213,6 +213,9 @@ impl Handle {
                 return ffi::SQLITE_OK;
             }
         };
+        let counters = &self.shared.counters;
+        Counters::bump(&counters.file_writes);
+        counters.file_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
         if let Some(group) = self.group() {
             let mut st = group.state();
             if st.txn.is_some() {

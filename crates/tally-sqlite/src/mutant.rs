@@ -1,6 +1,7 @@
 //! Deliberately broken variants of the VFS, usable only with the `mutants` feature. Each
-//! removes one thing SQLite's batch-atomic commit relies on; `tests/crash.rs` and `tests/attach_crash.rs` must catch each
-//! (a checker that cannot fail proves nothing).
+//! removes one thing SQLite's batch-atomic commit relies on; `tests/crash.rs`,
+//! `tests/attach_crash.rs` and `tests/attach_fail.rs` must catch each (a checker that cannot
+//! fail proves nothing).
 
 /// A broken variant of the VFS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -22,15 +23,21 @@ pub enum VfsMutant {
     /// [`atomic`](crate::atomic) leaves the second database out of the group: its pages are
     /// committed by its own batch in SQLite's phase one, before the group's commit.
     GroupLeavesSecondFile,
+    /// [`atomic`](crate::atomic)'s phase two reports a group commit that failed (a device
+    /// error in its write or its flush; the `Fs` undid the transaction) as committed: SQLite
+    /// finishes the transaction in every database and `atomic` returns `Ok`, for a transfer
+    /// that is in neither file.
+    PhaseTwoFailureIgnored,
 }
 
 impl VfsMutant {
     /// Every mutant.
-    pub const ALL: [VfsMutant; 4] = [
+    pub const ALL: [VfsMutant; 5] = [
         VfsMutant::CommitNotDurable,
         VfsMutant::RollbackKeepsPages,
         VfsMutant::GroupCommitsEachFile,
         VfsMutant::GroupLeavesSecondFile,
+        VfsMutant::PhaseTwoFailureIgnored,
     ];
 
     /// Kebab-case name.
@@ -41,6 +48,7 @@ impl VfsMutant {
             VfsMutant::RollbackKeepsPages => "rollback-keeps-pages",
             VfsMutant::GroupCommitsEachFile => "group-commits-each-file",
             VfsMutant::GroupLeavesSecondFile => "group-leaves-second-file",
+            VfsMutant::PhaseTwoFailureIgnored => "phase-two-failure-ignored",
         }
     }
 }

@@ -95,6 +95,11 @@ pub struct VfsStats {
     pub group_commits: u64,
     /// [`atomic`](crate::atomic) groups aborted, or whose commit failed.
     pub group_aborts: u64,
+    /// `xWrite` calls on files of the file system (database and journal files; not the
+    /// in-memory temporary files).
+    pub file_writes: u64,
+    /// Bytes SQLite handed to those `xWrite` calls.
+    pub file_bytes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -107,6 +112,8 @@ pub(crate) struct Counters {
     pub(crate) syncs_skipped: AtomicU64,
     pub(crate) group_commits: AtomicU64,
     pub(crate) group_aborts: AtomicU64,
+    pub(crate) file_writes: AtomicU64,
+    pub(crate) file_bytes: AtomicU64,
 }
 
 impl Counters {
@@ -273,6 +280,8 @@ impl TallyVfs {
             syncs_skipped: get(&c.syncs_skipped),
             group_commits: get(&c.group_commits),
             group_aborts: get(&c.group_aborts),
+            file_writes: get(&c.file_writes),
+            file_bytes: get(&c.file_bytes),
         }
     }
 }
