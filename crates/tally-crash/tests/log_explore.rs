@@ -29,6 +29,59 @@ fn random(count: usize, ops: usize, cfg: ExploreConfig) -> Report {
     ex.report()
 }
 
+/// Workloads around large transactions (`L`: a run of three parts that each fill a segment,
+/// then its close, so its units span four segments): alone (a crash at every persistence point
+/// inside it), after and before other commits, across syncs, checkpoints, cleaning (which
+/// reads parts and must judge them by their closes) and crashes, and two in a row (the second
+/// runs out of segments part-way and is abandoned).
+const LARGE_WORKLOADS: [&str; 12] =
+    ["L", "aL", "La", "LsL", "LL", "Lsa", "aLck", "Lcg", "dLe", "mLsgk", "LcL", "AkLcLs"];
+
+fn large(cfg: ExploreConfig) -> Report {
+    let mut ex = Explorer::new(cfg);
+    'all: for w in LARGE_WORKLOADS {
+        let w = Workload::parse(w).expect("workload letters");
+        for start in Start::ALL {
+            ex.run(&w, start, true);
+            if ex.done() {
+                break 'all;
+            }
+        }
+    }
+    ex.report()
+}
+
+/// Large transactions spanning 3+ segments keep every invariant: a crash anywhere inside one
+/// leaves none of it (its parts keep their places in the chain, without records) or all of it.
+#[test]
+fn large_transactions_across_segments_find_no_violation() {
+    let r = large(ExploreConfig::default());
+    println!("large transactions: {}", summary(&r));
+    assert!(r.crash_points_inside_ops > 0 && r.states_checked > 100, "{}", summary(&r));
+    assert_eq!(r.violations, 0, "first: {:?}", r.first_violation);
+}
+
+/// Recovery that keeps a large transaction's parts without its close (the units of its last
+/// segments missing) is caught by the large-transaction workloads.
+#[cfg(feature = "mutants")]
+#[test]
+fn a_large_transaction_kept_without_its_close_is_caught() {
+    use tally_log::Mutant;
+    for m in Mutant::ALL.into_iter().filter(|m| m.needs_large_transactions()) {
+        let cfg =
+            ExploreConfig { mutant: Some(m), stop_at_first: true, ..ExploreConfig::default() };
+        let r = large(cfg);
+        let v = r.first_violation.unwrap_or_else(|| panic!("{} not caught", m.name()));
+        println!(
+            "{} caught by {} in workload {}: {}",
+            m.name(),
+            v.invariant.name(),
+            v.workload,
+            v.message
+        );
+    }
+}
+
 fn summary(r: &Report) -> String {
     format!(
         "workloads {} points {} (inside ops {}) states {} unique {} recovery-crash {} violations {} ({:.0} states/s, all exhaustive: {})",
@@ -134,6 +187,7 @@ fn every_mutant_is_caught() {
             && !m.needs_clean_close()
             && !m.needs_generations()
             && !m.needs_damage()
+            && !m.needs_large_transactions()
     };
     for m in Mutant::ALL.into_iter().filter(single_crash) {
         let write_outs =

@@ -33,6 +33,13 @@ pub struct CleanReport {
 }
 
 impl Log {
+    /// What must be durable before stream `stream`'s transactions up to `upto` are read back
+    /// from the device: `upto`, or a later close of a large transaction (a part read must be
+    /// judged by its run's close, `recover::settle_runs`).
+    fn read_horizon(&self, stream: u16, upto: u64) -> u64 {
+        self.streams.get(usize::from(stream)).map_or(upto, |st| upto.max(lock(st).last_close))
+    }
+
     /// Mark `records` records of transaction `tx` dead (superseded or deleted by the layer
     /// above). Only used to choose what to clean; a transaction already checkpointed is ignored.
     ///
@@ -127,7 +134,7 @@ impl Log {
             )
         };
         let Some(upto) = upto else { return Ok(Vec::new()) };
-        self.wait_durable(TxId { stream, seq: upto })?;
+        self.wait_durable(TxId { stream, seq: self.read_horizon(stream, upto) })?;
         let sb = lock(&self.sb).sb.clone();
         let txs = read_transactions(&*self.dev, &sb, self.options, stream, upto)?;
         Ok(txs.into_iter().filter_map(|t| segments.get(&t.id.seq).map(|&s| (s, t))).collect())
@@ -159,7 +166,7 @@ impl Log {
             };
             (segment, first, in_it.next_back().map_or(first, |p| p.seq))
         };
-        self.wait_durable(TxId { stream, seq: upto })?;
+        self.wait_durable(TxId { stream, seq: self.read_horizon(stream, upto) })?;
         let sb = lock(&self.sb).sb.clone();
         let txs = read_transactions(&*self.dev, &sb, self.options, stream, upto)?;
         Ok(Some((segment, txs.into_iter().filter(|t| t.id.seq >= first).collect())))
@@ -210,11 +217,17 @@ impl Log {
                 .take(segments.min(st.chain.len().saturating_sub(1)))
                 .copied()
                 .collect();
-            st.placed.iter().rev().find(|p| cleaned.contains(&p.end_segment)).map(|p| p.seq)
+            // Never into an open large transaction: its parts wait for its close.
+            let open_run = st.runs.keys().next().copied().unwrap_or(u64::MAX);
+            st.placed
+                .iter()
+                .rev()
+                .find(|p| cleaned.contains(&p.end_segment) && p.seq < open_run)
+                .map(|p| p.seq)
         };
         let mut report = CleanReport::default();
         let Some(upto) = upto else { return Ok(report) };
-        self.wait_durable(TxId { stream, seq: upto })?;
+        self.wait_durable(TxId { stream, seq: self.read_horizon(stream, upto) })?;
         let sb = lock(&self.sb).sb.clone();
         let txs = read_transactions(&*self.dev, &sb, self.options, stream, upto)?;
         report.transactions_read = txs.len() as u64;

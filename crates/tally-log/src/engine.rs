@@ -5,7 +5,7 @@
 //! while a stream lock is being acquired by the same thread doing I/O, and no lock is held
 //! across a device wait except the superblock lock.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
@@ -14,7 +14,7 @@ use tally_media::{Device, DeviceStats, IoBuf, MediaError, Ticket, Write, WriteFl
 
 use crate::writeback::{Buffered, Due, Flusher, InFlight, WriteBehind, Writer};
 
-use crate::format::body::{Body, TxId};
+use crate::format::body::{Body, Run, RunRole, TxId};
 use crate::format::superblock::{StreamRoot, Superblock, SB_BLOCKS};
 use crate::format::unit::{payload_capacity, UnitHeader, UnitKind, FLAG_CLASSIC};
 use crate::space::Space;
@@ -132,13 +132,25 @@ pub struct Transaction {
     deps: Vec<TxId>,
     records: Vec<Vec<u8>>,
     data: Vec<Vec<u8>>,
+    run: Option<RunAsk>,
+}
+
+/// What a transaction asks to be in a large transaction (see [`Transaction::run_part`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RunAsk {
+    /// The first part of a new run (named by this transaction's sequence number).
+    Begin,
+    /// A further part of the open run named `seq`.
+    Part(u64),
+    /// The close of the open run named `seq`.
+    Close(u64),
 }
 
 impl Transaction {
     /// An empty transaction for `stream`.
     #[must_use]
     pub fn new(stream: u16) -> Self {
-        Transaction { stream, deps: Vec::new(), records: Vec::new(), data: Vec::new() }
+        Transaction { stream, deps: Vec::new(), records: Vec::new(), data: Vec::new(), run: None }
     }
 
     /// Append a record.
@@ -157,6 +169,23 @@ impl Transaction {
     /// Make this transaction depend on `on` (a transaction of any stream).
     pub fn depend_on(&mut self, on: TxId) -> &mut Self {
         self.deps.push(on);
+        self
+    }
+
+    /// Make this transaction a *part* of a large transaction: it survives a crash only if the
+    /// run's close ([`Transaction::run_close`]) does, with every part before it. `run: None`
+    /// begins a new run, named by the sequence number this transaction gets
+    /// (`CommitInfo::ticket.seq`); `Some(run)` continues the open run of that name on the same
+    /// stream. Other transactions of the stream may be committed between parts; a run that is
+    /// never closed ([`Log::abandon_run`], or a crash) leaves nothing.
+    pub fn run_part(&mut self, run: Option<u64>) -> &mut Self {
+        self.run = Some(run.map_or(RunAsk::Begin, RunAsk::Part));
+        self
+    }
+
+    /// Make this transaction the close of the open run `run`: committing it commits every part.
+    pub fn run_close(&mut self, run: u64) -> &mut Self {
+        self.run = Some(RunAsk::Close(run));
         self
     }
 
@@ -252,6 +281,11 @@ pub(crate) struct Stream {
     pub inflight: Vec<InFlight>,
     /// Every transaction with seq <= durable is on stable media.
     pub durable: u64,
+    /// Open large transactions: run name (its first part's seq) -> parts committed so far.
+    pub runs: BTreeMap<u64, u32>,
+    /// The last close of a large transaction committed since the open (0: none). A reader of
+    /// the device that finds parts must see their close: it waits until this is durable.
+    pub last_close: u64,
 }
 
 pub(crate) struct SbState {
@@ -550,11 +584,20 @@ impl Log {
         {
             return Err(LogError::Invalid("too many dependencies or record too large".into()));
         }
+        if tx.run.is_some() && !matches!(mode, CommitMode::Ordered | CommitMode::Count) {
+            return Err(LogError::Invalid(format!(
+                "a large transaction's parts are committed ordered or count, not {}",
+                mode.name()
+            )));
+        }
         let deps = if mode == CommitMode::Orderless { Vec::new() } else { self.live_deps(&tx) };
         let data_crcs = tx.data.iter().map(|d| crc_padded(d, bs)).collect();
         let record_count = u32::try_from(tx.records.len())
             .map_err(|_| LogError::Invalid("more than 2^32 records".into()))?;
-        let body = Body { deps, data_crcs, records: tx.records }.encode();
+        // A run's place is known only under the stream lock; the placeholder has its size and
+        // is filled in there (`Body::patch_run`).
+        let placeholder = tx.run.map(|_| Run { role: RunRole::Part, seq: 0, index: 0 });
+        let mut body = Body { deps, data_crcs, records: tx.records, run: placeholder }.encode();
         let cap = payload_capacity(self.block_size);
         let unit_count = body.len().div_ceil(cap).max(1) as u64;
         let classic = mode == CommitMode::Classic;
@@ -571,6 +614,9 @@ impl Log {
             self.raise_seq_limit(s)?;
             st = lock(&self.streams[s]);
             self.check_failed()?;
+        }
+        if let Some(ask) = tx.run {
+            Self::check_run(&st, ask, tx.stream)?;
         }
         if u64::from(st.offset) + span > u64::from(self.segment_blocks) {
             let next_next =
@@ -595,6 +641,27 @@ impl Log {
             durable_watermark: st.durable,
             payload_len: 0,
         };
+        if let Some(ask) = tx.run {
+            let seq = st.next_seq;
+            let run = match ask {
+                RunAsk::Begin => {
+                    st.runs.insert(seq, 1);
+                    Run { role: RunRole::Part, seq, index: 0 }
+                }
+                RunAsk::Part(run) => {
+                    let n = st.runs.get_mut(&run).ok_or_else(|| Self::no_run(tx.stream, run))?;
+                    let index = *n;
+                    *n = n.saturating_add(1);
+                    Run { role: RunRole::Part, seq: run, index }
+                }
+                RunAsk::Close(run) => {
+                    let parts = st.runs.remove(&run).ok_or_else(|| Self::no_run(tx.stream, run))?;
+                    st.last_close = seq;
+                    Run { role: RunRole::Close, seq: run, index: parts }
+                }
+            };
+            Body::patch_run(&mut body, run);
+        }
         let start = self.segment_start(st.segment).saturating_add(u64::from(st.offset));
         let written = unit_count + data_count;
         let mut buf = IoBuf::zeroed(written as usize * bs);
@@ -674,6 +741,34 @@ impl Log {
         Ok(info)
     }
 
+    /// Refuse a run request that names no open run of the stream (before anything is placed).
+    fn check_run(st: &Stream, ask: RunAsk, stream: u16) -> Result<()> {
+        match ask {
+            RunAsk::Begin => Ok(()),
+            RunAsk::Part(run) | RunAsk::Close(run) if st.runs.contains_key(&run) => Ok(()),
+            RunAsk::Part(run) | RunAsk::Close(run) => Err(Self::no_run(stream, run)),
+        }
+    }
+
+    fn no_run(stream: u16, run: u64) -> LogError {
+        LogError::Invalid(format!("stream {stream} has no open large transaction {run}"))
+    }
+
+    /// Give up the open large transaction `run` of `stream`: it is never closed, so its parts
+    /// are left out by every recovery (and by cleaning's reads), and checkpoints may pass
+    /// them. Unknown runs are ignored.
+    pub fn abandon_run(&self, stream: u16, run: u64) {
+        if let Some(st) = self.streams.get(usize::from(stream)) {
+            lock(st).runs.remove(&run);
+        }
+    }
+
+    /// The first part of the oldest open large transaction of `stream`, if any: checkpoints
+    /// and cleaning stop before it.
+    pub(crate) fn first_open_run(&self, stream: usize) -> Option<u64> {
+        self.streams.get(stream).and_then(|st| lock(st).runs.keys().next().copied())
+    }
+
     fn encode_commit_block(&self, header: &UnitHeader) -> IoBuf {
         let mut block = IoBuf::zeroed(self.block_size as usize);
         let h = UnitHeader {
@@ -707,6 +802,7 @@ impl Log {
     pub(crate) fn planned_span(&self, tx: &Transaction) -> u64 {
         use crate::format::body::{BODY_HEADER_SIZE, DEP_SIZE, RECORD_LEN_SIZE};
         let body_len = BODY_HEADER_SIZE
+            + if tx.run.is_some() { crate::format::body::RUN_SEQ_SIZE } else { 0 }
             + tx.deps.len() * DEP_SIZE
             + tx.data.len() * 4
             + tx.records.iter().map(|r| RECORD_LEN_SIZE + r.len()).sum::<usize>();
@@ -864,6 +960,13 @@ impl Log {
             let current = sbs.sb.streams[s];
             if seq <= current.checkpoint_seq {
                 return Ok(());
+            }
+            // A run's parts are committed only by its close: a checkpoint past an open run's
+            // first part would drop parts a later close needs.
+            if let Some(&run) = st.runs.keys().next().filter(|&&run| run <= seq) {
+                return Err(LogError::Invalid(format!(
+                    "stream {stream}: checkpoint at {seq} would pass open large transaction {run}"
+                )));
             }
             let Some(p) = st.placed.iter().find(|p| p.seq == seq).copied() else {
                 return Err(LogError::Invalid(format!(

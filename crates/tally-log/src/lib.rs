@@ -63,7 +63,7 @@ pub use engine::{
     CommitInfo, CommitMode, Log, LogConfig, LogStats, OpenOptions, SegmentUsage, Transaction,
 };
 pub use error::{LogError, Result};
-pub use format::body::TxId;
+pub use format::body::{Run, RunRole, TxId};
 pub use format::superblock::probe_block_size;
 pub use mutant::{available as mutants_available, Mutant};
 pub use recover::{Damage, RecoveredTx, Recovery, StreamRecovery};

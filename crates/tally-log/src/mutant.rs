@@ -54,11 +54,14 @@ pub enum Mutant {
     /// stream's written watermark: an older batch can stay in memory behind a flush that
     /// declared it durable.
     WriteOutReordered,
+    /// Recovery keeps the parts of a large transaction whose close did not survive (a
+    /// transaction whose last segments' units are missing is taken as committed).
+    RunUnclosedKept,
 }
 
 impl Mutant {
     /// Every mutant, in a fixed order.
-    pub const ALL: [Mutant; 17] = [
+    pub const ALL: [Mutant; 18] = [
         Mutant::NoPrefixCut,
         Mutant::NoDependencyClosure,
         Mutant::CountOffByOne,
@@ -76,6 +79,7 @@ impl Mutant {
         Mutant::NoTailSeal,
         Mutant::WatermarkIgnored,
         Mutant::WriteOutReordered,
+        Mutant::RunUnclosedKept,
     ];
 
     /// Kebab-case name, as the CLI takes it.
@@ -101,6 +105,7 @@ impl Mutant {
             Mutant::NoTailSeal => "no-tail-seal",
             Mutant::WatermarkIgnored => "watermark-ignored",
             Mutant::WriteOutReordered => "write-out-reordered",
+            Mutant::RunUnclosedKept => "run-unclosed-kept",
         }
     }
 
@@ -139,6 +144,13 @@ impl Mutant {
     #[must_use]
     pub fn needs_write_behind(self) -> bool {
         matches!(self, Mutant::WriteOutReordered)
+    }
+
+    /// Whether only a workload with large transactions (runs of parts across segments) shows
+    /// it: the explorer's `L` workloads (`tally-crash`'s `tests/log_explore.rs`).
+    #[must_use]
+    pub fn needs_large_transactions(self) -> bool {
+        matches!(self, Mutant::RunUnclosedKept)
     }
 
     /// Parse a kebab-case name.

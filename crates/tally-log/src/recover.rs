@@ -57,7 +57,7 @@ use tally_media::{Device, IoBuf, Write, WriteFlags};
 
 use crate::engine::{crc_padded, Placed, SbState, Stream};
 use crate::error::corrupted;
-use crate::format::body::{Body, TxId};
+use crate::format::body::{Body, Run, RunRole, TxId};
 use crate::format::codec::widen;
 use crate::format::superblock::{StreamRoot, Superblock, SB_BLOCKS};
 use crate::format::unit::{UnitHeader, UnitKind, FLAG_CLASSIC};
@@ -79,6 +79,9 @@ pub struct RecoveredTx {
     pub data_count: u32,
     /// Dependencies it recorded.
     pub deps: Vec<TxId>,
+    /// Its place in a large transaction. A part or close whose run is not committed (no
+    /// close survived) is handed over with no records.
+    pub run: Option<Run>,
 }
 
 /// What recovery found on one stream.
@@ -150,6 +153,8 @@ struct Scan {
     cut_seqs: Vec<u64>,
     /// What lies after the chain's end.
     beyond: Beyond,
+    /// Large transactions begun (first part found) and not closed yet in the scan.
+    open_runs: BTreeSet<u64>,
 }
 
 /// Units of the stream found after the end of its chain: evidence that decides whether the end
@@ -266,6 +271,10 @@ impl Log {
         if !ctx.mutant(Mutant::NoDependencyClosure) {
             close_dependencies(&eff, &mut scans);
         }
+        for (scan, root) in scans.iter_mut().zip(&eff.streams) {
+            let keep = ctx.mutant(Mutant::RunUnclosedKept);
+            settle_runs(&mut scan.txs, root.checkpoint_seq, keep);
+        }
         let scan_time = started.elapsed();
         let blocks_scanned = scans.iter().fold(0u64, |n, s| n.saturating_add(s.blocks));
         let damage = find_damage(&ctx, &scans)?;
@@ -380,6 +389,8 @@ impl Log {
                 direct_submits: 0,
                 inflight: Vec::new(),
                 durable: tail,
+                runs: std::collections::BTreeMap::new(),
+                last_close: 0,
             });
             report.push(StreamRecovery {
                 txs: scan.txs.into_iter().map(|t| t.0).collect(),
@@ -691,6 +702,7 @@ fn scan_stream(ctx: &Ctx<'_>, s: u16) -> Result<Scan> {
         watermark: 0,
         cut_seqs: Vec::new(),
         beyond: Beyond::default(),
+        open_runs: BTreeSet::new(),
     };
     let seg_blocks = ctx.sb.segment_blocks;
     let mut cache = SegmentCache::default();
@@ -766,8 +778,19 @@ fn scan_stream(ctx: &Ctx<'_>, s: u16) -> Result<Scan> {
             records,
             dead: 0,
         };
+        match tx.run {
+            Some(Run { role: RunRole::Part, seq, index: 0 }) if seq == tx.id.seq => {
+                scan.open_runs.insert(seq);
+            }
+            Some(Run { role: RunRole::Close, seq, .. }) => {
+                scan.open_runs.remove(&seq);
+            }
+            _ => {}
+        }
         scan.txs.push((tx, placed));
-        if header.seq >= ctx.stop_after_seq {
+        // A reader that stops early (cleaning) still needs to know whether the runs it read
+        // parts of were closed: it reads on to their closes (or to the chain's end).
+        if header.seq >= ctx.stop_after_seq && scan.open_runs.is_empty() {
             scan.blocks = cache.blocks_read;
             return Ok(scan);
         }
@@ -896,6 +919,7 @@ fn try_tx(
         data_start,
         data_count: h.data_count,
         deps: body.deps,
+        run: body.run,
     };
     Ok(Some((h, tx)))
 }
@@ -968,5 +992,53 @@ pub(crate) fn read_transactions(
     upto_seq: u64,
 ) -> Result<Vec<RecoveredTx>> {
     let ctx = Ctx { dev, sb, options, stop_after_seq: upto_seq };
-    Ok(scan_stream(&ctx, s)?.txs.into_iter().map(|t| t.0).collect())
+    let mut scan = scan_stream(&ctx, s)?;
+    let checkpoint_seq = sb.streams.get(usize::from(s)).map_or(0, |r| r.checkpoint_seq);
+    settle_runs(&mut scan.txs, checkpoint_seq, options.mutant == Some(Mutant::RunUnclosedKept));
+    Ok(scan.txs.into_iter().map(|t| t.0).filter(|t| t.id.seq <= upto_seq).collect())
+}
+
+/// Large transactions: hand over the records of a run's parts and close only if the run is
+/// committed — its close survived, after parts numbered `0..close.index`, each found once and
+/// in order (count-based commit across segments). Every other part or close keeps its place
+/// in the chain but loses its records (and its record count): an open run at the end of the
+/// chain (a crash before the close), an abandoned one, or one whose parts do not add up
+/// (damage). A run named at or below the checkpoint was closed before it (checkpoints never
+/// pass an open run's first part), so what of it follows the checkpoint is kept.
+fn settle_runs(txs: &mut [(RecoveredTx, Placed)], checkpoint_seq: u64, keep_unclosed: bool) {
+    // Run name -> next part index expected, or `None` once its parts do not add up.
+    let mut seen: std::collections::BTreeMap<u64, Option<u32>> = std::collections::BTreeMap::new();
+    let mut committed: BTreeSet<u64> = BTreeSet::new();
+    for (tx, _) in txs.iter() {
+        let Some(run) = tx.run else { continue };
+        if run.seq <= checkpoint_seq {
+            committed.insert(run.seq);
+            continue;
+        }
+        match run.role {
+            RunRole::Part if run.index == 0 => {
+                let fresh = run.seq == tx.id.seq && !seen.contains_key(&run.seq);
+                seen.insert(run.seq, fresh.then_some(1));
+            }
+            RunRole::Part => {
+                let next = seen.entry(run.seq).or_insert(None);
+                *next = next.filter(|&n| n == run.index).and_then(|n| n.checked_add(1));
+            }
+            RunRole::Close => {
+                if seen.remove(&run.seq).flatten() == Some(run.index) {
+                    committed.insert(run.seq);
+                }
+            }
+        }
+    }
+    if keep_unclosed {
+        return; // mutant: parts of a run whose close is missing are kept
+    }
+    for (tx, placed) in txs.iter_mut() {
+        if tx.run.is_some_and(|r| !committed.contains(&r.seq)) {
+            tx.records.clear();
+            placed.records = 0;
+            placed.dead = 0;
+        }
+    }
 }

@@ -65,12 +65,18 @@ impl Log {
     /// checkpointed: the log still holds everything, so a snapshot that fails its checks is
     /// ignored and the log scanned.
     ///
-    /// Returns `false` (nothing changed) when the snapshot does not fit the free segments, or
-    /// when a transaction was committed while it was being taken.
+    /// Returns `false` (nothing changed) when the snapshot does not fit the free segments,
+    /// when a transaction was committed while it was being taken, or while a large
+    /// transaction is open ([`crate::Transaction::run_part`]).
     ///
     /// # Errors
     /// I/O errors; an earlier failure (fail-stop).
     pub fn checkpoint_snapshot(&self, payload: &[u8]) -> Result<bool> {
+        // An open large transaction's parts are in the log but not in `payload`'s state, and
+        // a later close needs them: no checkpoint snapshot while one is open.
+        if (0..self.streams.len()).any(|s| self.first_open_run(s).is_some()) {
+            return Ok(false);
+        }
         self.sync()?;
         let Some(segments) = self.write_snapshot(payload, true)? else { return Ok(false) };
         let old = std::mem::replace(&mut *lock(&self.checkpoint_snapshot), segments);
@@ -225,6 +231,8 @@ impl Restored {
             direct_submits: 0,
             inflight: Vec::new(),
             durable: self.last_seq,
+            runs: std::collections::BTreeMap::new(),
+            last_close: 0,
         }
     }
 

@@ -70,6 +70,8 @@ pub struct ModelTx {
     pub deps: Vec<TxId>,
     /// Whether the log acknowledged it durable.
     pub acked: bool,
+    /// A member of a large transaction: its run's name, and whether it is the close.
+    pub run: Option<(u64, bool)>,
 }
 
 /// The reference model.
@@ -128,7 +130,42 @@ impl Model {
             // Matched by sequence number, then compared by tag: a relocated copy (cleaning)
             // carries its original's tag under a new sequence number.
             let by_seq: BTreeMap<u64, &ModelTx> = list.iter().map(|t| (t.id.seq, t)).collect();
+            // Large transactions committed in this recovery: their close survived with its
+            // records (a run named at or below the checkpoint was committed before it).
+            let committed: BTreeSet<u64> = got
+                .txs
+                .iter()
+                .filter(|t| !t.records.is_empty())
+                .filter_map(|t| by_seq.get(&t.id.seq).and_then(|m| m.run))
+                .filter(|&(_, close)| close)
+                .map(|(run, _)| run)
+                .collect();
+            let run_committed = |run: u64| committed.contains(&run) || run <= self.checkpoint[s];
             for (i, tx) in got.txs.iter().enumerate() {
+                if tx.run.is_some() && tx.records.is_empty() {
+                    // A member of a large transaction that was not committed: it keeps its
+                    // place in the chain, without records.
+                    let Some(model) = by_seq.get(&tx.id.seq).filter(|m| m.run.is_some()) else {
+                        return Err(violation(
+                            Invariant::I2NoPhantom,
+                            format!(
+                                "stream {s} seq {}: an empty run member never committed",
+                                tx.id.seq
+                            ),
+                        ));
+                    };
+                    if model.run.is_some_and(|(run, _)| run_committed(run)) {
+                        return Err(violation(
+                            Invariant::I1Atomicity,
+                            format!("stream {s} seq {}: a committed large transaction lost a part's records", tx.id.seq),
+                        ));
+                    }
+                    if list.get(i).map(|t| t.tag) != Some(model.tag) {
+                        return Err(violation(Invariant::I3PrefixAndDependencies, format!("stream {s}: survivor #{i} (seq {}) is not the {i}-th committed transaction: not a prefix", tx.id.seq)));
+                    }
+                    survived[s].insert(model.id.seq);
+                    continue;
+                }
                 let tag =
                     tx.records.first().and_then(|r| r.get(..8)).map_or(u64::MAX, |b| {
                         u64::from_le_bytes(b.try_into().unwrap_or([0xFF; 8]))
@@ -144,6 +181,12 @@ impl Model {
                         format!("stream {s} recovered tag {tag:#x} (seq {}): {what}", tx.id.seq),
                     ));
                 };
+                if let Some((run, _)) = model.run.filter(|&(run, _)| !run_committed(run)) {
+                    return Err(violation(
+                        Invariant::I1Atomicity,
+                        format!("stream {s} tag {tag:#x}: a part of large transaction {run} survived without its close"),
+                    ));
+                }
                 if tx.records != model.records {
                     return Err(violation(
                         Invariant::I1Atomicity,

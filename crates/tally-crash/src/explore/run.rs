@@ -773,6 +773,7 @@ impl Explorer {
                     data: vec![],
                     deps: vec![],
                     acked: true,
+                    run: None,
                 }),
                 Err(_) => return,
             }
@@ -882,6 +883,7 @@ fn apply(
             return Ok(());
         }
         Op::Clean => return clean(log, model),
+        Op::Large => return large(log, model, next_tag, block_size, segment_blocks),
         Op::Crash | Op::ProcessCrash | Op::CrashInRecovery => return Ok(()),
     };
     let tag = next_tag;
@@ -906,6 +908,7 @@ fn apply(
                 data,
                 deps: dep.into_iter().collect(),
                 acked: false,
+                run: None,
             });
             if matches!(mode, CommitMode::Count | CommitMode::Classic) {
                 model.ack(info.ticket);
@@ -917,11 +920,71 @@ fn apply(
     }
 }
 
+/// `L`: a large transaction on stream 0: three parts that each fill a whole segment, then its
+/// close (one unit and a data block), so its units span four segments. Out of space part-way,
+/// the run is abandoned: its parts stay in the log, never committed.
+fn large(
+    log: &Log,
+    model: &mut Model,
+    first_tag: u64,
+    block_size: u32,
+    segment_blocks: u32,
+) -> Result<(), Violation> {
+    let mut run: Option<u64> = None;
+    for part in 0..4u64 {
+        let close = part == 3;
+        let tag = first_tag + part;
+        let (record_len, data_count) = if close {
+            (24, 1)
+        } else {
+            // As `M`: units for all but two blocks (the run field takes 8 of the slack).
+            ((segment_blocks as usize - 2) * (block_size as usize - 64) - 128, 2)
+        };
+        let mut tx = Transaction::new(0);
+        let record = tag_record(tag, record_len);
+        tx.record(record.clone());
+        let data: Vec<Vec<u8>> =
+            (0..data_count).map(|j| tag_data(tag, j, block_size, block_size as usize)).collect();
+        for d in &data {
+            tx.data(d.clone());
+        }
+        match (close, run) {
+            (true, Some(r)) => tx.run_close(r),
+            (_, r) => tx.run_part(r),
+        };
+        match log.commit(tx) {
+            Ok(info) => {
+                let name = *run.get_or_insert(info.ticket.seq);
+                model.streams[0].push(ModelTx {
+                    tag,
+                    id: info.ticket,
+                    records: vec![record],
+                    data,
+                    deps: Vec::new(),
+                    acked: false,
+                    run: Some((name, close)),
+                });
+            }
+            Err(LogError::NoSpace { .. }) => {
+                if let Some(r) = run {
+                    log.abandon_run(0, r);
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(workload_error(Op::Large, &e)),
+        }
+    }
+    Ok(())
+}
+
 /// `g`: clean stream 0's oldest segment, relocating every transaction (records and data) in it.
 fn clean(log: &Log, model: &mut Model) -> Result<(), Violation> {
     let dev = log.device().clone();
     let bs = dev.geometry().block_size as usize;
     let report = log.clean(0, 1, |t| {
+        if t.records.is_empty() {
+            return Ok(None); // a member of a large transaction that was never committed
+        }
         let mut moved = Transaction::new(0);
         for r in &t.records {
             moved.record(r.clone());
@@ -942,7 +1005,8 @@ fn clean(log: &Log, model: &mut Model) -> Result<(), Violation> {
     let Some(upto) = report.checkpointed_seq else { return Ok(()) };
     for (old, new) in &report.relocated {
         if let Some(tx) = model.streams[0].iter().find(|t| t.id == *old).cloned() {
-            model.streams[0].push(ModelTx { id: new.ticket, deps: Vec::new(), ..tx });
+            // A relocated copy is an ordinary transaction, whatever run its original was in.
+            model.streams[0].push(ModelTx { id: new.ticket, deps: Vec::new(), run: None, ..tx });
         }
     }
     model.ack_all(); // cleaning syncs before it checkpoints

@@ -41,6 +41,9 @@ pub enum Op {
     /// one of the crash points recorded inside it, chosen by seed, recovered in its place.
     /// Anywhere else it does nothing.
     CrashInRecovery,
+    /// `L`: a large transaction on stream 0 spanning four segments: three parts that each
+    /// fill a segment (units and two data blocks), then its close (`Transaction::run_part`).
+    Large,
 }
 
 impl Op {
@@ -59,7 +62,8 @@ impl Op {
     ];
 
     /// Ops outside the bounded alphabet ([`Op::ALL`]): multi-generation workloads use them.
-    pub const MORE: [Op; 3] = [Op::CrossDependent, Op::ProcessCrash, Op::CrashInRecovery];
+    pub const MORE: [Op; 4] =
+        [Op::CrossDependent, Op::ProcessCrash, Op::CrashInRecovery, Op::Large];
 
     /// Whether the op ends a generation: a crash the workload recovers from.
     #[must_use]
@@ -84,6 +88,7 @@ impl Op {
             Op::CrossDependent => 'e',
             Op::ProcessCrash => 'p',
             Op::CrashInRecovery => 'r',
+            Op::Large => 'L',
         }
     }
 
@@ -106,7 +111,7 @@ impl Workload {
     pub fn parse(s: &str) -> Result<Workload, String> {
         s.chars()
             .map(|c| {
-                Op::from_letter(c).ok_or_else(|| format!("unknown op {c:?} (ops: aAmMdlskgcepr)"))
+                Op::from_letter(c).ok_or_else(|| format!("unknown op {c:?} (ops: aAmMdlskgceprL)"))
             })
             .collect::<Result<Vec<_>, _>>()
             .map(Workload)

@@ -1,8 +1,9 @@
 //! A transaction's body: the bytes its units carry, concatenated in unit order.
 //!
 //! ```text
-//! 0   u16 dep_count      2 u16 reserved (0)   4 u32 data_count   8 u32 record_count   12 u32 reserved (0)
-//! 16  dep_count × { u16 stream, 6 bytes zero, u64 seq }           16 bytes each
+//! 0   u16 dep_count      2 u16 run_role   4 u32 data_count   8 u32 record_count   12 u32 run_index
+//! 16  u64 run_seq                                                  only when run_role != 0
+//! ..  dep_count × { u16 stream, 6 bytes zero, u64 seq }           16 bytes each
 //! ..  data_count × u32 crc32c of each data block, in span order
 //! ..  record_count × { u32 len, len bytes }
 //! ```
@@ -17,6 +18,30 @@ pub const BODY_HEADER_SIZE: usize = 16;
 pub const DEP_SIZE: usize = 16;
 /// Size of a record's length prefix.
 pub const RECORD_LEN_SIZE: usize = 4;
+
+/// Size of the run field that follows the body header of a large transaction's part.
+pub const RUN_SEQ_SIZE: usize = 8;
+
+/// What a transaction is in a *large transaction* (a run of transactions of one stream that
+/// commit together, `docs/FORMAT.md`, "Large transactions").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum RunRole {
+    /// A part: committed only if a `Close` of its run survives.
+    Part,
+    /// The last transaction of the run: it commits the run's parts and itself.
+    Close,
+}
+
+/// A transaction's place in a large transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct Run {
+    /// Part or close.
+    pub role: RunRole,
+    /// Sequence number of the run's first part (the run's name on its stream).
+    pub seq: u64,
+    /// A part's index in the run (0 for the first); for a close, the number of parts before it.
+    pub index: u32,
+}
 
 /// A `(stream, seq)` pair naming a transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
@@ -36,6 +61,8 @@ pub struct Body {
     pub data_crcs: Vec<u32>,
     /// The records, opaque to the log.
     pub records: Vec<Vec<u8>>,
+    /// Its place in a large transaction, if it is part of one.
+    pub run: Option<Run>,
 }
 
 impl Body {
@@ -47,6 +74,7 @@ impl Body {
     )]
     pub fn encoded_len(&self) -> usize {
         BODY_HEADER_SIZE
+            + if self.run.is_some() { RUN_SEQ_SIZE } else { 0 }
             + self.deps.len() * DEP_SIZE
             + self.data_crcs.len() * 4
             + self.records.iter().map(|r| RECORD_LEN_SIZE + r.len()).sum::<usize>()
@@ -60,10 +88,17 @@ impl Body {
     pub fn encode(&self) -> Vec<u8> {
         let mut a = Appender::with_capacity(self.encoded_len());
         a.u16(count(self.deps.len()));
-        a.u16(0);
+        a.u16(match self.run.map(|r| r.role) {
+            None => 0,
+            Some(RunRole::Part) => 1,
+            Some(RunRole::Close) => 2,
+        });
         a.u32(count(self.data_crcs.len()));
         a.u32(count(self.records.len()));
-        a.u32(0);
+        a.u32(self.run.map_or(0, |r| r.index));
+        if let Some(r) = self.run {
+            a.u64(r.seq);
+        }
         for d in &self.deps {
             a.u16(d.stream);
             a.put(&[0; 6]);
@@ -78,6 +113,26 @@ impl Body {
         a.into_vec()
     }
 
+    /// Fill in the run fields of an encoded body that was encoded with a run placeholder (same
+    /// size).
+    ///
+    /// # Panics
+    /// If `bytes` was not encoded with a run (a bug).
+    pub(crate) fn patch_run(bytes: &mut [u8], run: Run) {
+        let role: u16 = match run.role {
+            RunRole::Part => 1,
+            RunRole::Close => 2,
+        };
+        let fields: Option<&mut [u8; BODY_HEADER_SIZE + RUN_SEQ_SIZE]> =
+            bytes.get_mut(..BODY_HEADER_SIZE + RUN_SEQ_SIZE).and_then(|f| f.try_into().ok());
+        let Some(fields) = fields.filter(|f| f[2..4] != [0, 0]) else {
+            panic!("patch_run on a body encoded without a run");
+        };
+        fields[2..4].copy_from_slice(&role.to_le_bytes());
+        fields[12..16].copy_from_slice(&run.index.to_le_bytes());
+        fields[16..24].copy_from_slice(&run.seq.to_le_bytes());
+    }
+
     /// Decode, checking every count against the bytes present.
     ///
     /// # Errors
@@ -87,12 +142,25 @@ impl Body {
         let short = |reason: &'static str| move |_: Truncated| bad(reason);
         let mut c = Cursor::new(bytes);
         let dep_count = c.u16().map_err(short("truncated header"))?;
-        let reserved = c.u16().map_err(short("truncated header"))?;
+        let role = c.u16().map_err(short("truncated header"))?;
         let data_count = c.u32().map_err(short("truncated header"))?;
         let record_count = c.u32().map_err(short("truncated header"))?;
-        if reserved != 0 || c.u32().map_err(short("truncated header"))? != 0 {
-            return Err(bad("reserved bytes are not zero"));
-        }
+        let index = c.u32().map_err(short("truncated header"))?;
+        let role = match role {
+            0 if index == 0 => None,
+            0 => return Err(bad("run index without a run")),
+            1 => Some(RunRole::Part),
+            2 if index > 0 => Some(RunRole::Close),
+            2 => return Err(bad("a run's close with no part before it")),
+            _ => return Err(bad("unknown run role")),
+        };
+        let run = match role {
+            Some(role) => {
+                let seq = c.u64().map_err(short("truncated run"))?;
+                Some(Run { role, seq, index })
+            }
+            None => None,
+        };
         // Bound counts by the bytes present before allocating anything.
         let entries =
             |n: u32, size: usize| usize::try_from(n).ok().and_then(|n| n.checked_mul(size));
@@ -124,7 +192,7 @@ impl Body {
         if !c.at_end() {
             return Err(bad("bytes after the last record"));
         }
-        Ok(Body { deps, data_crcs, records })
+        Ok(Body { deps, data_crcs, records, run })
     }
 }
 
@@ -145,7 +213,30 @@ mod tests {
             deps: vec![TxId { stream: 1, seq: 99 }],
             data_crcs: vec![1, 2, 3],
             records: vec![b"abc".to_vec(), vec![], vec![7; 300]],
+            run: None,
         }
+    }
+
+    #[test]
+    fn run_round_trip_and_bad_roles_rejected() {
+        for run in [
+            Run { role: RunRole::Part, seq: 7, index: 0 },
+            Run { role: RunRole::Part, seq: 7, index: 3 },
+            Run { role: RunRole::Close, seq: 7, index: 4 },
+        ] {
+            let b = Body { run: Some(run), ..sample() };
+            assert_eq!(Body::decode(&b.encode(), 0).unwrap(), b);
+            assert_eq!(b.encode().len(), b.encoded_len());
+        }
+        let close = Body { run: Some(Run { role: RunRole::Close, seq: 7, index: 1 }), ..sample() };
+        let mut bytes = close.encode();
+        bytes[12] = 0; // a close that names no part
+        assert!(Body::decode(&bytes, 0).is_err());
+        bytes[2] = 3; // unknown role
+        assert!(Body::decode(&bytes, 0).is_err());
+        let mut plain = sample().encode();
+        plain[12] = 1; // an index without a run
+        assert!(Body::decode(&plain, 0).is_err());
     }
 
     #[test]
