@@ -24,7 +24,7 @@ use crate::atomic::Group;
 use crate::lock::HandleId;
 use crate::mutant::VfsMutant;
 use crate::path;
-use crate::vfs::{guard, Counters, Shared};
+use crate::vfs::{guard, Counters, PendingJournal, Shared};
 
 /// What SQLite allocates for each open file (`szOsFile` bytes): the base struct first, as the
 /// VFS contract requires, then our handle.
@@ -171,6 +171,9 @@ impl Handle {
     }
 
     fn read(&self, buf: &mut [u8], offset: u64) -> c_int {
+        if self.is_fs() && self.shared.settle().is_err() {
+            return ffi::SQLITE_IOERR_READ;
+        }
         let got = match &self.backing {
             Backing::Fs { ino } => match self.shared.fs.read(*ino, offset, buf.len()) {
                 Ok(bytes) => bytes,
@@ -216,6 +219,14 @@ impl Handle {
         let counters = &self.shared.counters;
         Counters::bump(&counters.file_writes);
         counters.file_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+        if self.journal && self.txn.is_none() && self.group.is_none() {
+            return self.append_journal(ino, data, offset);
+        }
+        if self.shared.mutant() != Some(VfsMutant::JournalAfterPages) {
+            if let Err(e) = self.shared.settle() {
+                return code(&e, ffi::SQLITE_IOERR_WRITE);
+            }
+        }
         if let Some(group) = self.group() {
             let mut st = group.state();
             if st.txn.is_some() {
@@ -250,23 +261,49 @@ impl Handle {
                 _ => ffi::SQLITE_IOERR_WRITE,
             };
         }
-        let mut result = fs.write(None, ino, offset, data);
+        let result = fs.write(None, ino, offset, data);
         self.shared.locks().wrote(ino);
-        if self.journal && result.is_ok() {
-            // After a batch it rolled back, SQLite writes the journal from memory and then the
-            // database pages with no sync in between (pager.c, sqlite3PagerCommitPhaseOne), so
-            // nothing else keeps a crash from persisting pages without the journal that undoes
-            // them. A barrier (no wait) makes every later write, the pages included, survive
-            // only if this journal write does.
-            if let Err(e) = fs.barrier(ino) {
-                result = Err(e);
-            }
-        }
         match result {
             Ok(n) if n == data.len() => ffi::SQLITE_OK,
             Ok(_) => ffi::SQLITE_FULL,
             Err(e) => code(&e, ffi::SQLITE_IOERR_WRITE),
         }
+    }
+
+    /// A plain write to a rollback journal: joined to the pending appends if it continues them
+    /// and they stay small enough, else the pending ones are written out and this one starts
+    /// anew (`vfs::PendingJournal`).
+    fn append_journal(&self, ino: Ino, data: &[u8], offset: u64) -> c_int {
+        let max = self.shared.pending_max();
+        let mut pending = self.shared.pending();
+        if let Some(p) = pending.as_mut() {
+            let joins = p.ino == ino
+                && p.offset.checked_add(p.data.len() as u64) == Some(offset)
+                && p.data.len().saturating_add(data.len()) <= max;
+            if joins {
+                p.data.extend_from_slice(data);
+                return ffi::SQLITE_OK;
+            }
+        }
+        if let Some(p) = pending.take() {
+            if let Err(e) = self.shared.write_out(&p) {
+                return code(&e, ffi::SQLITE_IOERR_WRITE);
+            }
+        }
+        let p = PendingJournal { ino, offset, data: data.to_vec() };
+        if p.data.len() > max {
+            // Too large to keep: written at once.
+            return match self.shared.write_out(&p) {
+                Ok(()) => ffi::SQLITE_OK,
+                Err(e) => code(&e, ffi::SQLITE_IOERR_WRITE),
+            };
+        }
+        *pending = Some(p);
+        ffi::SQLITE_OK
+    }
+
+    fn is_fs(&self) -> bool {
+        matches!(self.backing, Backing::Fs { .. })
     }
 
     /// Bytes of the whole blocks a write of `len` bytes at `offset` covers.
@@ -301,6 +338,9 @@ impl Handle {
                 return ffi::SQLITE_OK;
             }
         };
+        if let Err(e) = self.shared.settle() {
+            return code(&e, ffi::SQLITE_IOERR_TRUNCATE);
+        }
         let set = SetAttr { size: Some(size), ..SetAttr::default() };
         if let Some(group) = self.group() {
             let st = group.state();
@@ -323,6 +363,9 @@ impl Handle {
 
     fn sync(&mut self) -> c_int {
         let Backing::Fs { ino } = self.backing else { return ffi::SQLITE_OK };
+        if self.shared.settle().is_err() {
+            return ffi::SQLITE_IOERR_FSYNC;
+        }
         if self.in_group_txn() {
             // The group's durable commit, before SQLite unlocks, makes it all durable.
             Counters::bump(&self.shared.counters.syncs_skipped);
@@ -351,6 +394,7 @@ impl Handle {
     fn file_size(&self) -> Result<u64, c_int> {
         match &self.backing {
             Backing::Fs { ino } => {
+                self.shared.settle().map_err(|_| ffi::SQLITE_IOERR_FSTAT)?;
                 self.shared.fs.getattr(*ino).map(|a| a.size).map_err(|_| ffi::SQLITE_IOERR_FSTAT)
             }
             Backing::Memory(bytes) => Ok(bytes.len() as u64),
@@ -359,7 +403,7 @@ impl Handle {
 
     fn begin_batch(&mut self) -> c_int {
         let Backing::Fs { .. } = self.backing else { return ffi::SQLITE_NOTFOUND };
-        if self.txn.is_some() {
+        if self.txn.is_some() || self.shared.settle().is_err() {
             return ffi::SQLITE_IOERR_BEGIN_ATOMIC;
         }
         if self.in_group_txn() {
@@ -383,6 +427,10 @@ impl Handle {
         }
         let Some(txn) = self.txn.take() else { return ffi::SQLITE_IOERR_COMMIT_ATOMIC };
         let fs = &self.shared.fs;
+        if self.shared.settle().is_err() {
+            let _ = fs.abort(txn);
+            return ffi::SQLITE_IOERR_COMMIT_ATOMIC;
+        }
         // Plain writes before the batch are covered by its durable commit: they precede it on
         // the file's stream, or it depends on them.
         let writes = self.shared.locks().writes(ino);
@@ -440,6 +488,9 @@ impl Handle {
 
     fn close(mut self) -> c_int {
         let mut rc = ffi::SQLITE_OK;
+        if self.is_fs() && self.shared.settle().is_err() {
+            rc = ffi::SQLITE_IOERR_CLOSE;
+        }
         if let Some(txn) = self.txn.take() {
             // SQLite always ends a batch first; a batch left open is given up, never kept.
             if self.shared.fs.abort(txn).is_err() {

@@ -17,7 +17,10 @@
 //! A batch larger than one `Fs` transaction can hold ([`VfsOptions::batch_bytes_max`]) is
 //! refused with an I/O error at the write that overflows it; SQLite then aborts the batch and
 //! commits through an ordinary rollback journal (`-journal` file, journal and database synced,
-//! journal deleted durably). WAL mode works only with `PRAGMA locking_mode=EXCLUSIVE` (the
+//! journal deleted durably). The journal's appends (three `xWrite`s per page: its number, the
+//! page, a checksum) are kept in memory and handed to the `Fs` as one write before anything
+//! else touches a file (its sync, or a database write): one `Fs` transaction instead of three
+//! per page (`speedtest1` wrote 30 MB to the device for SQLite's 11 MB before, 14 MB after). WAL mode works only with `PRAGMA locking_mode=EXCLUSIVE` (the
 //! VFS has no shared memory), and gains nothing here: the batch path is the fast one.
 //!
 //! **Several databases in one commit**: [`atomic`] runs a transaction over a connection's main

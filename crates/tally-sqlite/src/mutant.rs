@@ -28,16 +28,22 @@ pub enum VfsMutant {
     /// finishes the transaction in every database and `atomic` returns `Ok`, for a transfer
     /// that is in neither file.
     PhaseTwoFailureIgnored,
+    /// A database write does not write out the rollback journal's pending appends first
+    /// (`vfs::PendingJournal`): they reach the `Fs` only at the next sync, read or size, after
+    /// the pages they undo. A batch SQLite redoes through a journal writes the journal and then
+    /// the pages with no sync between, so a crash can keep pages with no journal to undo them.
+    JournalAfterPages,
 }
 
 impl VfsMutant {
     /// Every mutant.
-    pub const ALL: [VfsMutant; 5] = [
+    pub const ALL: [VfsMutant; 6] = [
         VfsMutant::CommitNotDurable,
         VfsMutant::RollbackKeepsPages,
         VfsMutant::GroupCommitsEachFile,
         VfsMutant::GroupLeavesSecondFile,
         VfsMutant::PhaseTwoFailureIgnored,
+        VfsMutant::JournalAfterPages,
     ];
 
     /// Kebab-case name.
@@ -49,6 +55,7 @@ impl VfsMutant {
             VfsMutant::GroupCommitsEachFile => "group-commits-each-file",
             VfsMutant::GroupLeavesSecondFile => "group-leaves-second-file",
             VfsMutant::PhaseTwoFailureIgnored => "phase-two-failure-ignored",
+            VfsMutant::JournalAfterPages => "journal-after-pages",
         }
     }
 }

@@ -7,9 +7,11 @@
 //!   SQLite had acknowledged (returned from COMMIT) when the crash hit, and at most one more
 //!   (the one in progress).
 //!
-//! The same check catches both mutants: `commit-not-durable` (an acknowledged transfer lost)
-//! and `rollback-keeps-pages` (half a transfer kept: a batch too large for one transaction is
-//! rolled back and redone through a journal, and the mutant commits the half it had written).
+//! The same check catches the three mutants: `commit-not-durable` (an acknowledged transfer
+//! lost), `rollback-keeps-pages` (half a transfer kept: a batch too large for one transaction
+//! is rolled back and redone through a journal, and the mutant commits the half it had
+//! written) and `journal-after-pages` (the journal's appends, kept in memory by the VFS, reach
+//! the file system after the database pages of that redo: pages with no journal to undo them).
 //! One `u64` seed drives the workload, the device and the sampler; a failure prints it.
 
 mod common;
@@ -176,4 +178,11 @@ fn commit_not_durable_is_caught() {
 fn rollback_keeping_pages_is_caught() {
     let (_, bad) = explore(3, Some(4), Some(VfsMutant::RollbackKeepsPages));
     assert!(!bad.is_empty(), "rollback-keeps-pages went unnoticed");
+}
+
+#[cfg(feature = "mutants")]
+#[test]
+fn journal_after_pages_is_caught() {
+    let (_, bad) = explore(3, Some(4), Some(VfsMutant::JournalAfterPages));
+    assert!(!bad.is_empty(), "journal-after-pages went unnoticed");
 }
