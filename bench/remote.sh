@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
-# Issue 18's remote benchmark: `tally bench tx` on an NBD export against the same on a local
-# file, in one run, on the same file system. The export is nbdkit's file plugin serving a file
+# Issue 18's remote benchmark: `tally bench tx` on NBD exports against the same on a local
+# file, in one run, on the same file system. Each export is nbdkit's file plugin serving a file
 # in $BENCH_DIR (its FLUSH is an fdatasync of that file), over a Unix socket, optionally behind
 # the delay filter (DELAYS, whole milliseconds: nbdkit 1.32's delay filter has no finer unit).
-# Writes the raw JSON reports and a table to docs/bench/remote-data/; docs/bench/remote.md
-# discusses them.
+# TARGET_COUNTS: images on one export and striped over several (a multi-target image, one
+# segment per stripe). Beside each, the "Linux-style" baseline: every ordered write followed by
+# a flush before the next is sent (tally-media's flush_per_write example, same threads, same
+# exports). Writes the raw JSON reports and a table to docs/bench/remote-data/;
+# docs/bench/remote.md discusses them.
 #
-#   bench/remote.sh                       # ~4 minutes on a 2-core VM
-#   SECONDS_PER_RUN=3 RUNS=3 THREADS=4 DELAYS="0 1" BENCH_DIR=/var/tmp bench/remote.sh
+#   bench/remote.sh                       # ~5 minutes on a 2-core VM
+#   SECONDS_PER_RUN=2 RUNS=3 THREADS=8 DELAYS="0 1" TARGET_COUNTS="1 3" BENCH_DIR=/var/tmp bench/remote.sh
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BENCH_DIR=${BENCH_DIR:-/var/tmp}
 SECS=${SECONDS_PER_RUN:-2}
 RUNS=${RUNS:-3}
-THREADS=${THREADS:-4}
+THREADS=${THREADS:-8}
 SIZE=${SIZE:-512M}
 DELAYS=${DELAYS:-"0 1"}
+TARGET_COUNTS=${TARGET_COUNTS:-"1 3"}
+# Also run one export with every stream on one connection (ONE_CONN=1).
+ONE_CONN=${ONE_CONN:-0}
 MODES=${MODES:-count,ordered,orderless}
 OUT_DATA="$ROOT/docs/bench/remote-data"
 WORK="$BENCH_DIR/tally-bench-remote.$$"
@@ -30,14 +36,20 @@ fi
 
 cd "$ROOT"
 cargo build --release -q -p tally
+cargo build --release -q -p tally-media --example flush_per_write
 BUILT_FROM="$(git rev-parse --short HEAD)"
 git diff --quiet HEAD -- crates/tally-log crates/tally-media crates/tally-bench \
   || BUILT_FROM="$BUILT_FROM + uncommitted changes to the measured crates"
 TALLY="${CARGO_TARGET_DIR:-$ROOT/target}/release/tally"
+FPW="${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/flush_per_write"
 
-NBDKIT_PID=
+NBDKIT_PIDS=()
+stop_servers() {
+  for pid in "${NBDKIT_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  NBDKIT_PIDS=()
+}
 cleanup() {
-  [ -n "$NBDKIT_PID" ] && kill "$NBDKIT_PID" 2>/dev/null || true
+  stop_servers
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -50,18 +62,30 @@ rm -f "$OUT_DATA"/*.json
   echo "start load: $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$OUT_DATA/machine.txt"
 
-# serve DELAY_MS: nbdkit (file plugin, multi-conn) on a Unix socket, writes delayed DELAY_MS.
+# serve DELAY_MS COUNT: COUNT nbdkit servers (file plugin, multi-conn), each on its own Unix
+# socket and file of $SIZE, writes delayed DELAY_MS. URIS: their URIs, space-separated.
 serve() {
-  [ -n "$NBDKIT_PID" ] && { kill "$NBDKIT_PID"; wait "$NBDKIT_PID" 2>/dev/null || true; }
-  rm -f "$WORK/s.sock" "$WORK/s.pid"
-  truncate -s "$SIZE" "$WORK/export.img"
-  local filters=() params=()
+  stop_servers
+  local filters=() params=() uris=()
   if [ "$1" != 0 ]; then filters=(--filter=delay); params=("delay-write=${1}ms"); fi
-  nbdkit -f -U "$WORK/s.sock" -P "$WORK/s.pid" "${filters[@]}" file "$WORK/export.img" \
-    "${params[@]}" &
-  NBDKIT_PID=$!
-  for _ in $(seq 100); do [ -s "$WORK/s.pid" ] && break; sleep 0.05; done
-  URI="nbd+unix:///?socket=$WORK/s.sock"
+  for i in $(seq 0 $(($2 - 1))); do
+    rm -f "$WORK/s$i.sock" "$WORK/s$i.pid" "$WORK/export$i.img"
+    truncate -s "$SIZE" "$WORK/export$i.img"
+    nbdkit -f -U "$WORK/s$i.sock" -P "$WORK/s$i.pid" "${filters[@]}" file "$WORK/export$i.img" \
+      "${params[@]}" &
+    NBDKIT_PIDS+=($!)
+    for _ in $(seq 100); do [ -s "$WORK/s$i.pid" ] && break; sleep 0.05; done
+    uris+=("nbd+unix:///?socket=$WORK/s$i.sock")
+  done
+  URIS="${uris[*]}"
+}
+
+# baseline NAME: the flush-per-write baseline on the current servers, JSON to NAME.json.
+baseline() {
+  echo "$1: flush_per_write --threads $THREADS --seconds $SECS (load $(cut -d' ' -f1 /proc/loadavg))" \
+    | tee -a "$OUT_DATA/commands.txt" >&2
+  # shellcheck disable=SC2086 # URIS is a list
+  "$FPW" --threads "$THREADS" --seconds "$SECS" --stripe 256 $URIS >"$OUT_DATA/$1.json"
 }
 
 # run NAME ARGS...: one `tally bench tx`, JSON to NAME.json, command and load logged.
@@ -75,9 +99,14 @@ run() {
 # Interleaved: local, then each remote configuration, so drift is spread over all of them.
 run local --path "$WORK/local.img" --size "$SIZE"
 for d in $DELAYS; do
-  serve "$d"
-  run "nbd-d${d}ms-per-stream" --path "$URI" --force
-  run "nbd-d${d}ms-one-conn" --path "$URI" --force --connections 1
+  for n in $TARGET_COUNTS; do
+    serve "$d" "$n"
+    run "nbd-d${d}ms-${n}t" --path "$URIS" --force
+    baseline "fpw-d${d}ms-${n}t"
+    if [ "$n" = 1 ] && [ "$ONE_CONN" = 1 ]; then
+      run "nbd-d${d}ms-1t-one-conn" --path "$URIS" --force --connections 1
+    fi
+  done
 done
 echo "end load: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT_DATA/machine.txt"
 
@@ -101,6 +130,24 @@ for n in names:
               f"| {m['flushes_per_tx']['median']:.3f} | {m['submissions_per_tx']['median']:.3f} "
               f"| {m['cpu_us_per_tx']['median']:.1f} | {ratio(m, loc)} "
               f"| {ratio(o, ol) if m['mode'] == 'ordered' else ''} | {ratio(o, c) if m['mode'] == 'ordered' else ''} |")
+print()
+fpw = {n[4:-5]: json.load(open(os.path.join(d, n))) for n in os.listdir(d) if n.startswith("fpw-")}
+print("| configuration | flush-per-write tx/s | flushes/tx | cpu µs/tx | ordered / flush-per-write | count / flush-per-write |")
+print("|---|---|---|---|---|---|")
+for k in sorted(fpw):
+    b = fpw[k]
+    r = reps.get("nbd-" + k)
+    o, c = (mode(r, "ordered"), mode(r, "count")) if r else (None, None)
+    x = lambda m: f"{m['tx_per_sec']['median'] / b['tx_per_sec']:.1f}" if m and b["tx_per_sec"] else ""
+    print(f"| nbd-{k} | {b['tx_per_sec']:.0f} | {b['flushes_per_tx']:.2f} | {b['cpu_us_per_tx']:.1f} | {x(o)} | {x(c)} |")
+print()
+for dl in sorted({n.split("-")[1] for n in names if n.startswith("nbd-")}):
+    one, three = reps.get(f"nbd-{dl}-1t"), reps.get(f"nbd-{dl}-3t")
+    if one and three:
+        for m in ("count", "ordered", "orderless"):
+            a, b = mode(three, m), mode(one, m)
+            if a and b:
+                print(f"- {dl}, {m}: 3 targets / 1 target = {a['tx_per_sec']['median'] / b['tx_per_sec']['median']:.2f}")
 print()
 print("| configuration | write p50 µs | flush p50 µs | FUA write p50 µs |")
 print("|---|---|---|---|")

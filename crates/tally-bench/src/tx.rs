@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use tally_log::{CommitMode, Log, LogConfig, OpenOptions, Transaction};
 use tally_media::{
     Device, DeviceStats, DirectMode, FileDevice, FileOptions, NbdDevice, NbdOptions, NbdTarget,
+    SpanDevice, SpanLayout,
 };
 
 use crate::measure::{percentile_us, process_cpu_time, Spread};
@@ -308,9 +309,14 @@ pub fn run(options: &TxOptions, progress: &dyn Fn(&str)) -> Result<TxReport, Ben
         Some(nbd) => {
             if !options.force {
                 return Err(BenchError::BadInput {
-                    reason: format!("{nbd}: the benchmark overwrites the export; give --force"),
+                    reason: format!(
+                        "{}: the benchmark overwrites the export; give --force",
+                        options.path.display()
+                    ),
                 });
             }
+            let nbd =
+                nbd.first().ok_or_else(|| BenchError::BadInput { reason: "no export".into() })?;
             progress(&format!("probing flush latency on {nbd}"));
             let dev = NbdDevice::open(nbd, NbdOptions::default())?;
             let t = time_device(&dev, PROBE_ITERATIONS)?;
@@ -337,7 +343,7 @@ pub fn run(options: &TxOptions, progress: &dyn Fn(&str)) -> Result<TxReport, Ben
                 options.blocks,
                 options.seconds
             ));
-            let (one, shape) = run_once(run_path, nbd.as_ref(), options, streams, mode, r)?;
+            let (one, shape) = run_once(run_path, nbd.as_deref(), options, streams, mode, r)?;
             progress(&format!(
                 "  {:.0} tx/s, {:.3} flushes/tx, {:.1} cpu µs/tx",
                 one.tx_per_sec, one.flushes_per_tx, one.cpu_us_per_tx
@@ -408,16 +414,18 @@ struct ThreadOutcome {
     checkpoints: u64,
 }
 
-/// The export `path` names, if it is an `nbd://` or `nbd+unix://` URI.
-fn nbd_target(path: &Path) -> Result<Option<NbdTarget>, BenchError> {
+/// The exports `path` names, if it is an `nbd://` or `nbd+unix://` URI, or several separated
+/// by spaces (a multi-target image, striped a segment per target).
+fn nbd_target(path: &Path) -> Result<Option<Vec<NbdTarget>>, BenchError> {
     let Some(text) = path.to_str().filter(|t| NbdTarget::is_uri(t)) else { return Ok(None) };
-    NbdTarget::parse(text).map(Some).map_err(|e| BenchError::BadInput { reason: e.to_string() })
+    let bad = |e: tally_media::NbdError| BenchError::BadInput { reason: e.to_string() };
+    text.split(' ').map(|t| NbdTarget::parse(t).map_err(bad)).collect::<Result<_, _>>().map(Some)
 }
 
 /// Format a fresh log on `path` (or the NBD export `nbd`), open it, and time one run of `mode`.
 fn run_once(
     path: &Path,
-    nbd: Option<&NbdTarget>,
+    nbd: Option<&[NbdTarget]>,
     o: &TxOptions,
     streams: u16,
     mode: CommitMode,
@@ -426,9 +434,23 @@ fn run_once(
     let (device, shape): (Arc<dyn Device>, _) = if let Some(nbd) = nbd {
         let connection_count = o.nbd_connections.unwrap_or(u32::from(streams)).max(1);
         let options = NbdOptions { connection_count, ..NbdOptions::default() };
-        let dev = NbdDevice::open(nbd, options)?;
-        let shape = format!("nbd, {} connection(s)", dev.connection_count());
-        (Arc::new(dev), (false, shape))
+        if let [one] = nbd {
+            let dev = NbdDevice::open(one, options)?;
+            let shape = format!("nbd, {} connection(s)", dev.connection_count());
+            (Arc::new(dev), (false, shape))
+        } else {
+            let mut targets: Vec<Arc<dyn Device>> = Vec::with_capacity(nbd.len());
+            let mut connections = 0;
+            for target in nbd {
+                let dev = NbdDevice::open(target, options)?;
+                connections = dev.connection_count();
+                targets.push(Arc::new(dev));
+            }
+            let layout = SpanLayout { stripe_blocks: o.segment_blocks, lead_blocks: 2 };
+            let span = SpanDevice::format(targets, layout)?;
+            let shape = format!("nbd, {} targets x {connections} connection(s)", nbd.len());
+            (Arc::new(span), (false, shape))
+        }
     } else {
         let file_options = FileOptions { direct: DirectMode::On, ..FileOptions::default() };
         let dev = FileDevice::open(path, file_options)?;

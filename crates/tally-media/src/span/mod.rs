@@ -20,14 +20,15 @@
 //!   again when a wait sees one of its writes complete; a flush round takes the dirty marks
 //!   and flushes those targets concurrently, and returns only when all have answered. Rounds
 //!   are serialised, so a round that skips a target never returns before the round that took
-//!   its mark has flushed it;
+//!   its mark has flushed it; a caller waits for the first round that *starts* after it was
+//!   called, and callers arriving during one round share the next (group flush);
 //! - fail-stop: the first failed write, wait or flush on any target fails the whole device.
 
 mod header;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 pub use header::{
     random_uuid, uuid_text, HeaderDefect, TargetHeader, TARGET_COUNT_MAX, TARGET_FORMAT_VERSION,
@@ -164,9 +165,18 @@ pub struct SpanDevice {
     failures: Mutex<HashMap<u64, String>>,
     next_ticket: AtomicU64,
     failed: Mutex<Option<String>>,
-    flush_round: Mutex<()>,
+    rounds: Mutex<Rounds>,
+    round_done: Condvar,
     counters: Counters,
     mutant: Option<SpanMutant>,
+}
+
+/// Flush rounds started and finished; at most one runs at a time.
+#[derive(Debug, Default)]
+struct Rounds {
+    started: u64,
+    finished: u64,
+    running: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -334,7 +344,8 @@ impl SpanDevice {
             failures: Mutex::new(HashMap::new()),
             next_ticket: AtomicU64::new(1),
             failed: Mutex::new(None),
-            flush_round: Mutex::new(()),
+            rounds: Mutex::new(Rounds::default()),
+            round_done: Condvar::new(),
             counters: Counters::default(),
             mutant: None,
         })
@@ -447,6 +458,38 @@ impl SpanDevice {
         Ok(Ticket(ticket))
     }
 
+    /// One flush round: take the dirty marks, flush those targets concurrently.
+    fn flush_round(&self) -> Result<()> {
+        let mut due: Vec<usize> = (0..self.targets.len())
+            .filter(|&t| self.dirty[t].swap(false, Ordering::SeqCst))
+            .collect();
+        if cfg!(feature = "mutants") && self.mutant == Some(SpanMutant::FlushFirstOnly) {
+            due.retain(|&t| t == 0);
+        }
+        let outcome = match due[..] {
+            [] => Ok(()),
+            [only] => self.flush_target(only),
+            _ => std::thread::scope(|scope| {
+                let others: Vec<_> =
+                    due[1..].iter().map(|&t| scope.spawn(move || self.flush_target(t))).collect();
+                let mut outcome = self.flush_target(due[0]);
+                for handle in others {
+                    let one = handle.join().unwrap_or_else(|_| {
+                        Err(MediaError::Failed { first_error: "a flush thread panicked".into() })
+                    });
+                    if outcome.is_ok() {
+                        outcome = one;
+                    }
+                }
+                outcome
+            }),
+        };
+        if let Err(e) = &outcome {
+            self.fail(e);
+        }
+        outcome
+    }
+
     fn flush_target(&self, target: usize) -> Result<()> {
         self.counters.flush();
         self.targets[target].flush()
@@ -526,35 +569,28 @@ impl Device for SpanDevice {
 
     fn flush(&self) -> Result<()> {
         self.check_usable()?;
-        let _round = lock(&self.flush_round);
-        let mut due: Vec<usize> = (0..self.targets.len())
-            .filter(|&t| self.dirty[t].swap(false, Ordering::SeqCst))
-            .collect();
-        if cfg!(feature = "mutants") && self.mutant == Some(SpanMutant::FlushFirstOnly) {
-            due.retain(|&t| t == 0);
+        let mut rounds = lock(&self.rounds);
+        // The first round that starts after this call covers every write completed before it.
+        let needed = rounds.started + 1;
+        while rounds.finished < needed {
+            if rounds.running {
+                rounds = self.round_done.wait(rounds).unwrap_or_else(PoisonError::into_inner);
+                continue;
+            }
+            rounds.running = true;
+            rounds.started += 1;
+            let this = rounds.started;
+            drop(rounds);
+            let outcome = self.flush_round();
+            rounds = lock(&self.rounds);
+            rounds.running = false;
+            rounds.finished = this;
+            self.round_done.notify_all();
+            outcome?;
         }
-        let outcome = match due[..] {
-            [] => Ok(()),
-            [only] => self.flush_target(only),
-            _ => std::thread::scope(|scope| {
-                let others: Vec<_> =
-                    due[1..].iter().map(|&t| scope.spawn(move || self.flush_target(t))).collect();
-                let mut outcome = self.flush_target(due[0]);
-                for handle in others {
-                    let one = handle.join().unwrap_or_else(|_| {
-                        Err(MediaError::Failed { first_error: "a flush thread panicked".into() })
-                    });
-                    if outcome.is_ok() {
-                        outcome = one;
-                    }
-                }
-                outcome
-            }),
-        };
-        if let Err(e) = &outcome {
-            self.fail(e);
-        }
-        outcome
+        drop(rounds);
+        // A round run by another caller may have failed.
+        self.check_usable()
     }
 
     fn stats(&self) -> DeviceStats {

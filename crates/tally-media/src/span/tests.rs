@@ -199,3 +199,28 @@ fn missing_swapped_repeated_and_foreign_targets_are_refused() {
     let e = span_error_of(SpanDevice::format(mixed, LAYOUT));
     assert!(matches!(e, SpanError::Shape { position: 2, .. }), "{e:?}");
 }
+
+#[test]
+fn concurrent_flushes_share_rounds_and_cover_every_target() {
+    let m = mems(3, 200);
+    let span = SpanDevice::format(dyns(&m), LAYOUT).unwrap();
+    let before: Vec<u64> = m.iter().map(|d| d.stats().flushes).collect();
+    std::thread::scope(|scope| {
+        for t in 0..6u64 {
+            let span = &span;
+            scope.spawn(move || {
+                for i in 0..200u64 {
+                    // Thread t writes in stripe t: target t % 3.
+                    let block = 2 + t * 4 + i % 4;
+                    let w = Write::new(block, IoBuf::from_slice(&[t as u8; 512]));
+                    let ticket = span.submit_stream(t as u16, vec![w], WriteFlags::NONE).unwrap();
+                    span.wait(ticket).unwrap();
+                    span.flush().unwrap();
+                }
+            });
+        }
+    });
+    let flushes: Vec<u64> = m.iter().zip(&before).map(|(d, b)| d.stats().flushes - b).collect();
+    assert!(flushes.iter().all(|&f| f >= 1), "{flushes:?}");
+    assert!(flushes.iter().all(|&f| f <= 1200), "{flushes:?}");
+}
