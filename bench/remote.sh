@@ -23,6 +23,8 @@ DELAYS=${DELAYS:-"0 1"}
 TARGET_COUNTS=${TARGET_COUNTS:-"1 3"}
 # Also run one export with every stream on one connection (ONE_CONN=1).
 ONE_CONN=${ONE_CONN:-0}
+# Recovery time of a log of this many MiB (0: skip): a local file, one export, 3 exports.
+RECOVERY_MIB=${RECOVERY_MIB:-1024}
 MODES=${MODES:-count,ordered,orderless}
 OUT_DATA="$ROOT/docs/bench/remote-data"
 WORK="$BENCH_DIR/tally-bench-remote.$$"
@@ -36,12 +38,13 @@ fi
 
 cd "$ROOT"
 cargo build --release -q -p tally
-cargo build --release -q -p tally-media --example flush_per_write
+cargo build --release -q -p tally-media --example flush_per_write --example recovery_time
 BUILT_FROM="$(git rev-parse --short HEAD)"
 git diff --quiet HEAD -- crates/tally-log crates/tally-media crates/tally-bench \
   || BUILT_FROM="$BUILT_FROM + uncommitted changes to the measured crates"
 TALLY="${CARGO_TARGET_DIR:-$ROOT/target}/release/tally"
 FPW="${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/flush_per_write"
+RECOVERY="${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/recovery_time"
 
 NBDKIT_PIDS=()
 stop_servers() {
@@ -108,6 +111,23 @@ for d in $DELAYS; do
     fi
   done
 done
+if [ "$RECOVERY_MIB" != 0 ]; then
+  echo "recovery-local: recovery_time --mib $RECOVERY_MIB --file (load $(cut -d' ' -f1 /proc/loadavg))" \
+    | tee -a "$OUT_DATA/commands.txt" >&2
+  rm -f "$WORK/recovery.img"
+  truncate -s "$((RECOVERY_MIB * 2))M" "$WORK/recovery.img"
+  "$RECOVERY" --mib "$RECOVERY_MIB" --file "$WORK/recovery.img" >"$OUT_DATA/recovery-local.json"
+  rm -f "$WORK/recovery.img"
+  for n in 1 3; do
+    SIZE="$((RECOVERY_MIB * 2 / n + 64))M" serve 0 "$n"
+    echo "recovery-${n}t: recovery_time --mib $RECOVERY_MIB (load $(cut -d' ' -f1 /proc/loadavg))" \
+      | tee -a "$OUT_DATA/commands.txt" >&2
+    # shellcheck disable=SC2086 # URIS is a list
+    "$RECOVERY" --mib "$RECOVERY_MIB" $URIS >"$OUT_DATA/recovery-${n}t.json"
+  done
+  stop_servers
+  rm -f "$WORK"/export*.img
+fi
 echo "end load: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT_DATA/machine.txt"
 
 python3 - "$OUT_DATA" >"$OUT_DATA/table.md" <<'PY'
@@ -148,6 +168,17 @@ for dl in sorted({n.split("-")[1] for n in names if n.startswith("nbd-")}):
             a, b = mode(three, m), mode(one, m)
             if a and b:
                 print(f"- {dl}, {m}: 3 targets / 1 target = {a['tx_per_sec']['median'] / b['tx_per_sec']['median']:.2f}")
+rec = {n[9:-5]: json.load(open(os.path.join(d, n))) for n in os.listdir(d) if n.startswith("recovery-")}
+if rec:
+    print()
+    print("| recovery | transactions | write s | recovery s (each run) | median | vs local |")
+    print("|---|---|---|---|---|---|")
+    for k in sorted(rec):
+        r = rec[k]
+        loc = rec.get("local")
+        vs = f"{r['recovery_median_s'] / loc['recovery_median_s']:.2f}" if loc else ""
+        runs = ", ".join(f"{x:.2f}" for x in r["recovery_s"])
+        print(f"| {r['device']} ({r['mib']} MiB) | {r['transactions']} | {r['write_s']:.1f} | {runs} | {r['recovery_median_s']:.2f} | {vs} |")
 print()
 print("| configuration | write p50 µs | flush p50 µs | FUA write p50 µs |")
 print("|---|---|---|---|")
