@@ -14,12 +14,17 @@
 # synchronous=FULL, 50 warm-up commits, SECONDS_EACH seconds):
 #   small   1-4 rows of ~100 bytes inserted or updated per commit
 #   mix     a phone app's mix of inserts, updates and deletes over four tables
+#           (both also with locking_mode=EXCLUSIVE on the library and for WAL on ext4: one
+#           connection owning its database, as an embedded program's does)
 #   attach  two databases (main + ATTACH): tally_sqlite::atomic on the library VFS (one Tally
 #           transaction) against SQLite's super-journal commit (rollback mode) on ext4 and on
 #           the mount, and WAL (not atomic across the files)
 #   speedtest1  SQLite's own speedtest1.c (Debian's SQLite 3.40.1 source, as bench/mount.sh)
 #           compiled against this workspace's SQLite amalgamation (libsqlite3-sys, in
-#           ~/.cargo/registry) with -DSQLITE_ENABLE_BATCH_ATOMIC_WRITE, --size SPEED_SIZE
+#           ~/.cargo/registry) with -DSQLITE_ENABLE_BATCH_ATOMIC_WRITE, --size SPEED_SIZE; and
+#           on the library VFS: speedtest1.c's main linked into
+#           crates/tally-sqlite/examples/speedtest1_vfs.rs (the very SQLite rusqlite links,
+#           the Tally VFS registered, --vfs tally)
 #   tally atomic  Debian's sqlite3 shell, ATTACH_CMDS invocations each committing one transfer
 #           across two databases: inside `tally atomic DIR --` (journal_mode=MEMORY) on the
 #           mount, against the same command's super-journal commit on ext4 and on the mount
@@ -65,6 +70,18 @@ if [[ " $WORKLOADS " == *" speedtest1 "* && ! -x $SPEED ]]; then
   gcc -O2 -DSQLITE_ENABLE_BATCH_ATOMIC_WRITE -DSQLITE_THREADSAFE=0 -I"$AMALG" -o "$SPEED" \
     "$BENCH_CACHE/sqlite3-3.40.1/test/speedtest1.c" "$AMALG/sqlite3.c" -lm
 fi
+# speedtest1 on the library VFS: its main() as speedtest1_main in a static library, linked into
+# the Rust example (which registers the VFS) with the SQLite that rusqlite links.
+SPEED_LIB=$WORK/speedtest1-tally-vfs
+if [[ " $WORKLOADS " == *" speedtest1 "* ]]; then
+  AMALG=$(ls -d "$HOME"/.cargo/registry/src/*/libsqlite3-sys-*/sqlite3 | sort -V | tail -1)
+  gcc -O2 -c -Dmain=speedtest1_main -I"$AMALG" -o "$WORK/speedtest1.o" \
+    "$BENCH_CACHE/sqlite3-3.40.1/test/speedtest1.c"
+  ar rcs "$WORK/libspeedtest1.a" "$WORK/speedtest1.o"
+  (cd "$ROOT" && cargo rustc --release -q -p tally-sqlite --example speedtest1_vfs -- \
+    -L "native=$WORK" -l static=speedtest1 --cfg speedtest1)
+  cp "$ROOT/target/release/examples/speedtest1_vfs" "$SPEED_LIB"
+fi
 
 LOOP= STAT= DAEMON= MNT=$WORK/mnt
 mkdir -p "$MNT"
@@ -103,7 +120,18 @@ run_bench() { # WORKLOAD SYS MODE   (SYS: lib ext4 fuse fuse-noatomic)
 }
 
 run_speedtest() { # SYS MODE
-  local sys=$1 mode=$2 b0 b1 total
+  local sys=$1 mode=$2 b0 b1 total out
+  if [ "$sys" = lib ]; then
+    # The Tally counters from mount to the end (after speedtest1's own sync and the final one).
+    new_loop
+    out=$("$SPEED_LIB" "$LOOP" --size "$SPEED_SIZE" --journal "$mode")
+    drop_loop
+    total=$(awk '/TOTAL/ {gsub("s", "", $NF); print $NF}' <<<"$out")
+    set -- $(awk '/^tally / {print $3, $5, $9, $11, $19, $21}' <<<"$out")
+    printf 'speedtest1\tlib\t%s\tseconds %s blk_flushes %s blk_bytes %s txns %s batches %s vfs_bytes %s\n' \
+      "$mode" "$total" "$1" "$2" "$3" "$4" "$6" | tee -a "$RAW" >&2
+    return
+  fi
   new_loop; mount_sys "$sys"
   b0=$(blk)
   total=$("$SPEED" --size "$SPEED_SIZE" --journal "$mode" "$MNT/speedtest1.db" | awk '/TOTAL/ {gsub("s", "", $NF); print $NF}')
@@ -150,10 +178,12 @@ for w in $WORKLOADS; do
     small | mix)
       run_bench "$w" fuse delete
       run_bench "$w" lib delete
+      run_bench "$w" lib delete+excl
       run_bench "$w" fuse-noatomic delete
       run_bench "$w" fuse-noatomic wal
       run_bench "$w" ext4 delete
-      run_bench "$w" ext4 wal ;;
+      run_bench "$w" ext4 wal
+      run_bench "$w" ext4 wal+excl ;;
     attach)
       run_bench attach lib atomic
       run_bench attach lib delete
@@ -166,6 +196,7 @@ done
 for w in $WORKLOADS; do
   case $w in
     speedtest1)
+      run_speedtest lib delete
       run_speedtest fuse delete
       run_speedtest fuse-noatomic delete
       run_speedtest fuse-noatomic wal
@@ -195,19 +226,23 @@ print("".join(open(sys.argv[2])))
 names = {("fuse", "delete"): "Tally-FUSE, batch-atomic", ("lib", "delete"): "Tally library VFS (batch-atomic)",
          ("fuse-noatomic", "delete"): "Tally-FUSE, rollback, no ioctls", ("fuse-noatomic", "wal"): "Tally-FUSE, WAL, no ioctls",
          ("ext4", "delete"): "ext4, rollback", ("ext4", "wal"): "ext4, WAL", ("lib", "atomic"): "Tally library, tally_sqlite::atomic",
-         ("fuse", "wal"): "Tally-FUSE, WAL"}
+         ("fuse", "wal"): "Tally-FUSE, WAL", ("lib", "delete+excl"): "Tally library VFS, locking_mode=EXCLUSIVE",
+         ("ext4", "wal+excl"): "ext4, WAL, locking_mode=EXCLUSIVE"}
 def rate(r): return float(r["commits"]) / float(r["seconds"])
 def per(r, k): return int(r[k]) / int(r["commits"])
 for w in ("small", "mix", "attach"):
     sel = {k[1:]: v for k, v in runs.items() if k[0] == w}
     if not sel: continue
-    print(f"### {w}\n\n| configuration | commits/s (median [min-max] of {len(next(iter(sel.values())))}) | flushes/commit | device KiB/commit |\n|---|--:|--:|--:|")
+    print(f"### {w}\n\n| configuration | commits/s (median [min-max] of {len(next(iter(sel.values())))}) | flushes/commit | device KiB/commit | SQLite writes (KiB)/commit, Tally submissions/commit |\n|---|--:|--:|--:|--:|")
     for (s, m), rs in sel.items():
         name = names.get((s, m), f"{s} {m}")
         if w == "attach" and m == "delete": name = {"lib": "Tally library, super-journal", "fuse": "Tally-FUSE, super-journal", "ext4": "ext4, super-journal"}[s]
         if w == "attach" and m == "wal": name += " (not atomic across files)"
         rates = sorted(rate(r) for r in rs)
-        print(f"| {name} | {med(rates):.0f} [{rates[0]:.0f}-{rates[-1]:.0f}] | {med(per(r, 'blk_flushes') for r in rs):.2f} | {med(per(r, 'blk_bytes') for r in rs)/1024:.1f} |")
+        extra = "-"
+        if "vfs_writes" in rs[0]:
+            extra = f"{med(per(r, 'vfs_writes') for r in rs):.2f} ({med(per(r, 'vfs_bytes') for r in rs)/1024:.1f}), {med(per(r, 'submissions') for r in rs):.2f}"
+        print(f"| {name} | {med(rates):.0f} [{rates[0]:.0f}-{rates[-1]:.0f}] | {med(per(r, 'blk_flushes') for r in rs):.2f} | {med(per(r, 'blk_bytes') for r in rs)/1024:.1f} | {extra} |")
     def spread(v):
         v = sorted(v)
         return f"{med(v):.2f}x [{v[0]:.2f}-{v[-1]:.2f}]"
@@ -224,6 +259,8 @@ for w in ("small", "mix", "attach"):
     else:
         print(f"- batch-atomic FUSE / ext4 WAL: {ratio(('fuse','delete'), ('ext4','wal'))} (target >= 2x); / ext4 rollback: {ratio(('fuse','delete'), ('ext4','delete'))} (>= 3x)")
         print(f"- library VFS / ext4 WAL: {ratio(('lib','delete'), ('ext4','wal'))} (target >= 5x); / ext4 rollback: {ratio(('lib','delete'), ('ext4','delete'))}")
+        print(f"- library VFS, exclusive / ext4 WAL: {ratio(('lib','delete+excl'), ('ext4','wal'))}; / ext4 WAL, exclusive: {ratio(('lib','delete+excl'), ('ext4','wal+excl'))}")
+        print(f"- device bytes per commit, library exclusive / ext4 WAL: {bytes_ratio(('lib','delete+excl'), ('ext4','wal'))}; / ext4 WAL exclusive: {bytes_ratio(('lib','delete+excl'), ('ext4','wal+excl'))}")
         print(f"- device bytes per commit, batch-atomic FUSE / ext4 WAL: {bytes_ratio(('fuse','delete'), ('ext4','wal'))} (target <= 0.5); library / ext4 WAL: {bytes_ratio(('lib','delete'), ('ext4','wal'))}")
     print()
 sp = {k[1:]: v for k, v in rows.items() if k[0] == "speedtest1"}
@@ -232,7 +269,9 @@ if sp:
     base = float(sp[("ext4", "delete")]["seconds"]) if ("ext4", "delete") in sp else None
     for (s, m), r in sp.items():
         t = float(r["seconds"])
-        print(f"| {names.get((s, m), s + ' ' + m)} | {t:.2f} | {t / base if base else 0:.2f} | {r['blk_flushes']} | {int(r['blk_bytes'])/2**20:.0f} |")
+        name = "Tally library VFS (batch-atomic)" if s == "lib" else names.get((s, m), s + ' ' + m)
+        if s == "lib": name += f" [{r['txns']} Tally transactions, {r['batches']} batches, SQLite wrote {int(r['vfs_bytes'])/2**20:.0f} MiB]"
+        print(f"| {name} | {t:.2f} | {t / base if base else 0:.2f} | {r['blk_flushes']} | {int(r['blk_bytes'])/2**20:.0f} |")
     print()
 cli = {k[1:]: v for k, v in rows.items() if k[0] == "atomic-cli"}
 if cli:
