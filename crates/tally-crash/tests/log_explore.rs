@@ -33,9 +33,12 @@ fn random(count: usize, ops: usize, cfg: ExploreConfig) -> Report {
 /// then its close, so its units span four segments): alone (a crash at every persistence point
 /// inside it), after and before other commits, across syncs, checkpoints, cleaning (which
 /// reads parts and must judge them by their closes) and crashes, and two in a row (the second
-/// runs out of segments part-way and is abandoned).
-const LARGE_WORKLOADS: [&str; 12] =
-    ["L", "aL", "La", "LsL", "LL", "Lsa", "aLck", "Lcg", "dLe", "mLsgk", "LcL", "AkLcLs"];
+/// runs out of segments part-way and is abandoned; cleaning then checkpoints into the middle
+/// of the abandoned run, whose later parts must stay uncommitted).
+const LARGE_WORKLOADS: [&str; 14] = [
+    "L", "aL", "La", "LsL", "LL", "Lsa", "aLck", "Lcg", "dLe", "mLsgk", "LcL", "AkLcLs", "LLgg",
+    "LLsgga",
+];
 
 fn large(cfg: ExploreConfig) -> Report {
     let mut ex = Explorer::new(cfg);

@@ -241,6 +241,14 @@ pub(crate) struct TxnState {
     pub stream: Option<u16>,
     /// The thread that began it.
     pub thread: Option<crate::sync::ThreadId>,
+    /// The log's large transaction (run) its data went out in ahead of the commit, if any
+    /// (`fs/large.rs`).
+    pub run: Option<u64>,
+    /// Keys written by those parts, each with the tombstone version it had before (the
+    /// bookkeeping an abort puts back).
+    pub streamed: Vec<(Key, Option<u64>)>,
+    /// Data blocks written by its operations since its last part (a trigger, not exact).
+    pub unstreamed: u64,
 }
 
 #[derive(Debug, Default)]

@@ -534,6 +534,39 @@ impl Log {
         self.writer.write_out_all()
     }
 
+    /// Submit every committed transaction still buffered and wait until the device has
+    /// completed those writes, without a flush: their blocks can be read back from the device
+    /// (nothing is durable by it). Returns, per stream, the seq up to which every transaction
+    /// is written and complete. For a writer that wants to drop its copies of data it
+    /// committed ordered (a large transaction's parts) without paying a flush.
+    ///
+    /// # Errors
+    /// An earlier failure (fail-stop) and I/O errors (the log is then failed).
+    pub fn write_out_completed(&self) -> Result<Vec<u64>> {
+        self.check_failed()?;
+        self.writer.write_out_all()?;
+        let mut out = Vec::with_capacity(self.streams.len());
+        for s in 0..self.streams.len() {
+            let (written, tickets) = {
+                let mut st = lock(&self.streams[s]);
+                while st.submitting || st.direct_submits > 0 {
+                    self.check_failed()?;
+                    st = self.stream_cv[s]
+                        .wait(st)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+                let tickets: Vec<Ticket> = st.inflight.iter().map(|b| b.ticket).collect();
+                (self.writer.written(s).max(st.durable), tickets)
+            };
+            // Waiting again on a completed ticket is allowed (the flush round will).
+            for t in tickets {
+                self.dev.wait(t).map_err(|e| self.fail(e))?;
+            }
+            out.push(written);
+        }
+        Ok(out)
+    }
+
     /// Read `buf.len()` bytes (whole blocks) starting at device block `block`, seeing every
     /// committed transaction: blocks placed but not yet written come from memory, blocks whose
     /// write is in flight are read once it completed.

@@ -779,7 +779,7 @@ fn scan_stream(ctx: &Ctx<'_>, s: u16) -> Result<Scan> {
             dead: 0,
         };
         match tx.run {
-            Some(Run { role: RunRole::Part, seq, index: 0 }) if seq == tx.id.seq => {
+            Some(Run { role: RunRole::Part, seq, .. }) => {
                 scan.open_runs.insert(seq);
             }
             Some(Run { role: RunRole::Close, seq, .. }) => {
@@ -1003,8 +1003,9 @@ pub(crate) fn read_transactions(
 /// in order (count-based commit across segments). Every other part or close keeps its place
 /// in the chain but loses its records (and its record count): an open run at the end of the
 /// chain (a crash before the close), an abandoned one, or one whose parts do not add up
-/// (damage). A run named at or below the checkpoint was closed before it (checkpoints never
-/// pass an open run's first part), so what of it follows the checkpoint is kept.
+/// (damage). A run named at or below the checkpoint had parts checkpointed, which only
+/// happens to a run that was closed or given up (checkpoints never pass an open run's first
+/// part): what of it follows the checkpoint is kept iff its close is found.
 fn settle_runs(txs: &mut [(RecoveredTx, Placed)], checkpoint_seq: u64, keep_unclosed: bool) {
     // Run name -> next part index expected, or `None` once its parts do not add up.
     let mut seen: std::collections::BTreeMap<u64, Option<u32>> = std::collections::BTreeMap::new();
@@ -1012,7 +1013,9 @@ fn settle_runs(txs: &mut [(RecoveredTx, Placed)], checkpoint_seq: u64, keep_uncl
     for (tx, _) in txs.iter() {
         let Some(run) = tx.run else { continue };
         if run.seq <= checkpoint_seq {
-            committed.insert(run.seq);
+            if run.role == RunRole::Close {
+                committed.insert(run.seq);
+            }
             continue;
         }
         match run.role {

@@ -125,12 +125,46 @@ fn format_doc_matches_the_code() {
     );
     assert!(doc.contains(&format!("this {}-byte header", unit::UNIT_HEADER_SIZE)));
     let rows = table(&doc, "Transaction body");
-    let fixed: Vec<(usize, usize)> = rows[..5].iter().map(|r| (r.0, r.1)).collect();
-    assert_eq!(fixed, [(0, 2), (2, 2), (4, 4), (8, 4), (12, 4)]);
+    let fixed: Vec<(usize, usize, &str)> =
+        rows[..6].iter().map(|r| (r.0, r.1, r.2.as_str())).collect();
+    assert_eq!(
+        fixed,
+        [
+            (0, 2, "dep_count"),
+            (2, 2, "run_role"),
+            (4, 4, "data_count"),
+            (8, 4, "record_count"),
+            (12, 4, "run_index"),
+            (16, body::RUN_SEQ_SIZE, "run_seq"),
+        ]
+    );
     assert_eq!(rows[4].0 + rows[4].1, body::BODY_HEADER_SIZE, "body header size");
-    assert_eq!(rows[5], (body::BODY_HEADER_SIZE, body::DEP_SIZE, "dependency".to_string()));
-    assert_eq!((rows[6].1, rows[6].2.as_str()), (4, "data_crc"));
-    assert_eq!((rows[7].1, rows[7].2.as_str()), (body::RECORD_LEN_SIZE, "record_len"));
+    assert_eq!((rows[6].1, rows[6].2.as_str()), (body::DEP_SIZE, "dependency"));
+    assert_eq!((rows[7].1, rows[7].2.as_str()), (4, "data_crc"));
+    assert_eq!((rows[8].1, rows[8].2.as_str()), (body::RECORD_LEN_SIZE, "record_len"));
+    body_bytes_match();
+}
+
+/// The body's rows against encoded bytes: a close of run 0x0102030405060708 after 3 parts,
+/// with one dependency; and the same body without a run, whose dependency starts at 16.
+fn body_bytes_match() {
+    use body::{Body, Run, RunRole};
+    let run = Run { role: RunRole::Close, seq: 0x0102_0304_0506_0708, index: 3 };
+    let dep = tally_log::TxId { stream: 1, seq: 0x99 };
+    let b =
+        Body { deps: vec![dep], data_crcs: vec![7], records: vec![b"r".to_vec()], run: Some(run) };
+    let bytes = b.encode();
+    assert_eq!(bytes[0..2], 1u16.to_le_bytes(), "dep_count");
+    assert_eq!(bytes[2..4], 2u16.to_le_bytes(), "run_role of a close");
+    assert_eq!(bytes[4..8], 1u32.to_le_bytes(), "data_count");
+    assert_eq!(bytes[8..12], 1u32.to_le_bytes(), "record_count");
+    assert_eq!(bytes[12..16], 3u32.to_le_bytes(), "run_index of a close: parts before it");
+    assert_eq!(bytes[16..24], run.seq.to_le_bytes(), "run_seq");
+    assert_eq!(bytes[24..26], 1u16.to_le_bytes(), "dependency after run_seq");
+    let plain = Body { run: None, ..b }.encode();
+    assert_eq!(plain[2..4], [0, 0]);
+    assert_eq!(plain[12..16], [0, 0, 0, 0]);
+    assert_eq!(plain[16..18], 1u16.to_le_bytes(), "dependency at 16 without a run");
 }
 
 /// The snapshot's stream state is written in sequence, not at constant offsets: encode one

@@ -168,5 +168,28 @@ fn cleaning_reads_an_unclosed_run_as_empty() {
     assert!(
         seen.iter().all(|s| s.starts_with('o')),
         "abandoned parts handed to cleaning: {seen:?}"
-    );    assert!(seen.iter().any(|s| s == "o0"), "cleaning read nothing: {seen:?}");
+    );
+    assert!(seen.iter().any(|s| s == "o0"), "cleaning read nothing: {seen:?}");
+}
+
+/// Cleaning may checkpoint into the middle of a run that was given up: the parts after the
+/// checkpoint stay uncommitted (no close), after any number of reopens.
+#[test]
+fn an_abandoned_run_split_by_a_checkpoint_stays_uncommitted() {
+    let dev = fresh(256);
+    let (log, _) = reopen(&dev);
+    let run = parts(&log, 4);
+    log.abandon_run(0, run);
+    log.sync().unwrap();
+    // The oldest segment holds the first part (and "o0"): cleaning it checkpoints past them.
+    let report = log.clean(0, 1, |_| Ok(None)).unwrap();
+    let upto = report.checkpointed_seq.expect("cleaned");
+    assert!(upto >= run && upto < run + 6, "checkpoint {upto} inside the run from {run}");
+    drop(log);
+    for _ in 0..2 {
+        let (log, r) = reopen(&dev);
+        let got = records(&r);
+        assert!(got.iter().all(|g| g.starts_with('o')), "abandoned parts came back: {got:?}");
+        drop(log);
+    }
 }

@@ -131,7 +131,7 @@ impl Model {
             // carries its original's tag under a new sequence number.
             let by_seq: BTreeMap<u64, &ModelTx> = list.iter().map(|t| (t.id.seq, t)).collect();
             // Large transactions committed in this recovery: their close survived with its
-            // records (a run named at or below the checkpoint was committed before it).
+            // records.
             let committed: BTreeSet<u64> = got
                 .txs
                 .iter()
@@ -140,7 +140,7 @@ impl Model {
                 .filter(|&(_, close)| close)
                 .map(|(run, _)| run)
                 .collect();
-            let run_committed = |run: u64| committed.contains(&run) || run <= self.checkpoint[s];
+            let run_committed = |run: u64| committed.contains(&run);
             for (i, tx) in got.txs.iter().enumerate() {
                 if tx.run.is_some() && tx.records.is_empty() {
                     // A member of a large transaction that was not committed: it keeps its

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use tally_log::{Transaction, TxId};
+use tally_log::{CommitInfo, Transaction, TxId};
 
 use crate::mutant::FsMutant;
 use crate::record::{Record, DATA_HOLE};
@@ -13,6 +13,16 @@ use crate::types::*;
 use crate::{FsError, Result};
 
 use super::Fs;
+
+/// What one record of a built transaction wrote: its key, whether it is a tombstone, and
+/// the index of its data block in the transaction.
+pub(crate) type Written = (Key, bool, Option<u32>);
+
+/// A log transaction built from the state, not committed yet.
+pub(crate) struct Built {
+    pub tx: Transaction,
+    pub written: Vec<Written>,
+}
 
 /// Committed data blocks that a committed change (with pre-images `undo`) made dead:
 /// overwritten or removed blocks, and every block of a freed inode. A hint for cleaning.
@@ -89,12 +99,50 @@ impl Fs {
         stream: u16,
         deps: &[TxId],
     ) -> Result<Option<TxId>> {
+        let Some(built) = Self::build(st, keys.iter(), overrides, ver, stream, deps) else {
+            return Ok(None);
+        };
+        let info = self.log_commit(st, built.tx)?;
+        self.bookkeep(st, built.written, info, ver);
+        let owners: BTreeSet<Ino> = keys.iter().map(Key::owner).collect();
+        for ino in owners {
+            if let Some(i) = st.inodes.get_mut(&ino) {
+                i.last_tx = Some(info.ticket);
+            }
+        }
+        // Past `CACHE_LIMIT` the caller writes the cache out once the state lock is dropped
+        // (`Fs::write_out_cache`).
+        Ok(Some(info.ticket))
+    }
+
+    /// Commit `tx` ordered; an I/O failure makes the file system read-only.
+    pub(crate) fn log_commit(&self, st: &mut State, tx: Transaction) -> Result<CommitInfo> {
+        self.log.commit(tx).map_err(|e| {
+            let e = FsError::from(e);
+            if let FsError::ReadOnly(m) | FsError::Io(m) = &e {
+                st.failed = Some(m.clone());
+            }
+            e
+        })
+    }
+
+    /// The current state of `keys` as one log transaction with version `ver` (records, data
+    /// blocks, dependencies), and what each record wrote; `None` when there is nothing to
+    /// write. Nothing of the bookkeeping changes but forgetting tombstones of keys that are
+    /// gone and were never in the log.
+    pub(crate) fn build<'k>(
+        st: &mut State,
+        keys: impl Iterator<Item = &'k Key>,
+        overrides: &HashMap<Ino, Attr>,
+        ver: u64,
+        stream: u16,
+        deps: &[TxId],
+    ) -> Option<Built> {
         let mut tx = Transaction::new(stream);
         for d in deps {
             tx.depend_on(*d);
         }
-        // (key, tombstone?, data index)
-        let mut written: Vec<(Key, bool, Option<u32>)> = Vec::new();
+        let mut written: Vec<Written> = Vec::new();
         for key in keys {
             let owner = key.owner();
             let Some(inode) = st.inodes.get(&owner) else {
@@ -176,18 +224,20 @@ impl Fs {
             }
         }
         if written.is_empty() {
-            return Ok(None);
+            return None;
         }
-        let info = match self.log.commit(tx) {
-            Ok(info) => info,
-            Err(e) => {
-                let e = FsError::from(e);
-                if let FsError::ReadOnly(m) | FsError::Io(m) = &e {
-                    st.failed = Some(m.clone());
-                }
-                return Err(e);
-            }
-        };
+        Some(Built { tx, written })
+    }
+
+    /// After a built transaction was committed as `info`: versions, places, record counts,
+    /// tombstones, and the data blocks held in memory until durable.
+    pub(crate) fn bookkeep(
+        &self,
+        st: &mut State,
+        written: Vec<Written>,
+        info: CommitInfo,
+        ver: u64,
+    ) {
         let ticket = info.ticket;
         for (key, tomb, idx) in written {
             st.count(&key);
@@ -229,25 +279,23 @@ impl Fs {
                 }
             }
         }
-        let owners: BTreeSet<Ino> = keys.iter().map(Key::owner).collect();
-        for ino in owners {
-            if let Some(i) = st.inodes.get_mut(&ino) {
-                i.last_tx = Some(ticket);
-            }
-        }
-        // Past `CACHE_LIMIT` the caller writes the cache out once the state lock is dropped
-        // (`Fs::write_out_cache`).
-        Ok(Some(ticket))
     }
 
     /// Drop the cached bytes of data blocks whose transactions are durable: each stream's
     /// durable prefix, so the cost is what is dropped (an fsync calls it).
     pub(crate) fn prune_cache(&self, st: &mut State) {
+        self.prune_cache_upto(st, |s| {
+            u16::try_from(s).map_or(0, |stream| self.log.durable_seq(stream))
+        });
+    }
+
+    /// Drop the cached bytes of data blocks of stream `s` whose transactions are at or below
+    /// `upto(s)` (durable, or at least complete on the device).
+    pub(crate) fn prune_cache_upto(&self, st: &mut State, upto: impl Fn(usize) -> u64) {
         let bs = self.bs as usize;
         let State { cached, cached_bytes, inodes, .. } = st;
         for (s, queue) in cached.0.iter_mut().enumerate() {
-            let Ok(stream) = u16::try_from(s) else { break };
-            let durable = self.log.durable_seq(stream);
+            let durable = upto(s);
             while let Some(c) = queue.front().filter(|c| c.tx.seq <= durable).copied() {
                 queue.pop_front();
                 *cached_bytes = cached_bytes.saturating_sub(bs);

@@ -33,6 +33,7 @@ use crate::{FsError, Result};
 mod commit;
 mod copy;
 mod data;
+mod large;
 mod namespace;
 mod read;
 mod space;
@@ -153,6 +154,11 @@ pub struct Fs {
     futile_clean_at: std::sync::atomic::AtomicU64,
     /// The replay budget in blocks (`u64::MAX`: no online checkpoints).
     replay_budget_blocks: u64,
+    /// After a due checkpoint snapshot did not fit the free segments: the log blocks since the
+    /// last one at which to try again (0: none pending). Encoding the state costs time in
+    /// proportion to it; trying after every operation made a full file system with 100,000
+    /// files spend most of its time encoding snapshots it could not write.
+    checkpoint_retry_at: std::sync::atomic::AtomicU64,
 }
 
 /// How a mount went.
@@ -328,6 +334,7 @@ impl Fs {
                 0 => u64::MAX,
                 bytes => bytes.div_ceil(u64::from(bs)).max(1),
             },
+            checkpoint_retry_at: std::sync::atomic::AtomicU64::new(0),
         };
         // Files that were open when their last link went, and then the crash (or an unmount
         // with handles still open): nobody can reach them any more.
@@ -379,19 +386,36 @@ impl Fs {
 
     /// Checkpoint when more than the replay budget was written since the last checkpoint.
     pub(crate) fn checkpoint_if_due(&self) -> Result<()> {
-        if self.log.blocks_since_checkpoint_snapshot() < self.replay_budget_blocks {
+        if !self.checkpoint_due() {
             return Ok(());
         }
         let mut st = lock(&self.state)?;
         self.checkpoint_due_locked(&mut st)
     }
 
+    /// More than the replay budget was written since the last checkpoint snapshot, and no
+    /// attempt that did not fit is waiting for more to be written.
+    fn checkpoint_due(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        let since = self.log.blocks_since_checkpoint_snapshot();
+        since >= self.replay_budget_blocks
+            && since >= self.checkpoint_retry_at.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn checkpoint_due_locked(&self, st: &mut State) -> Result<()> {
-        if self.log.blocks_since_checkpoint_snapshot() >= self.replay_budget_blocks
-            && st.txns.open.is_empty()
-            && !self.checkpoint_locked(st)?
-        {
-            tracing::debug!("checkpoint due but not written (no room)");
+        use std::sync::atomic::Ordering;
+        if !self.checkpoint_due() || !st.txns.open.is_empty() {
+            return Ok(());
+        }
+        if self.checkpoint_locked(st)? {
+            self.checkpoint_retry_at.store(0, Ordering::Relaxed);
+        } else {
+            // No room: try again once another quarter of the budget is written (cleaning
+            // frees segments meanwhile), not after every operation.
+            let since = self.log.blocks_since_checkpoint_snapshot();
+            let retry = since.saturating_add((self.replay_budget_blocks / 4).max(1));
+            self.checkpoint_retry_at.store(retry, Ordering::Relaxed);
+            tracing::debug!(since, retry, "checkpoint due but not written (no room)");
         }
         Ok(())
     }
@@ -523,7 +547,29 @@ impl Fs {
                     }
                     let stream = self.stream_of(primary);
                     match id {
-                        Some(id) => cx.into_txn(&mut st, id, stream),
+                        Some(id) => {
+                            // A large transaction sends its data ahead (`large.rs`).
+                            let blocks = cx
+                                .touched
+                                .iter()
+                                .filter(|k| matches!(k, crate::state::Key::Block(..)))
+                                .count() as u64;
+                            let due = match self.part_due(&mut st, id, blocks) {
+                                Ok(due) => due,
+                                Err(e) => {
+                                    cx.rollback(&mut st);
+                                    return Err(e);
+                                }
+                            };
+                            cx.into_txn(&mut st, id, stream);
+                            if let Some(t) = st.txns.open.get_mut(&id) {
+                                t.unstreamed = t.unstreamed.saturating_add(blocks);
+                            }
+                            if due && self.stream_txn_data(&mut st, id)? {
+                                drop(st);
+                                self.drop_written_cache();
+                            }
+                        }
                         None => {
                             self.commit_op(&mut st, cx, stream)?;
                             if self.log.blocks_since_checkpoint_snapshot()

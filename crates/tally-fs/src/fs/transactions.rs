@@ -149,7 +149,7 @@ impl Fs {
         }
         let ver = st.next_ver();
         let deps = self.deps_of(&mut st, &t.touched, &t.undo, stream);
-        let result = self.persist(&mut st, &t.touched, &overrides, ver, stream, &deps);
+        let result = self.persist_txn(&mut st, &t, &overrides, ver, stream, &deps);
         match &result {
             Ok(_) => {
                 let dying = dying_blocks(&st, &t.undo);
@@ -166,7 +166,10 @@ impl Fs {
                     }
                 }
             }
-            Err(_) => Self::undo_txn(&mut st, t.undo, t.dir_diffs.keys().copied().collect()),
+            Err(_) => {
+                self.revert_streamed(&mut st, &t);
+                Self::undo_txn(&mut st, t.undo, t.dir_diffs.keys().copied().collect());
+            }
         }
         st.txns.locks.retain(|_, owner| *owner != txn.id);
         drop(st);
@@ -195,6 +198,7 @@ impl Fs {
     pub fn abort(&self, txn: Txn) -> Result<()> {
         let mut st = lock(&self.state)?;
         let Some(t) = st.txns.open.remove(&txn.id) else { return Err(FsError::NoTxn) };
+        self.revert_streamed(&mut st, &t);
         Self::undo_txn(&mut st, t.undo, t.dir_diffs.keys().copied().collect());
         st.txns.locks.retain(|_, owner| *owner != txn.id);
         drop(st);
