@@ -119,6 +119,76 @@ pub(crate) fn encode(st: &State) -> Vec<u8> {
     o.into_vec()
 }
 
+/// Bytes of an inode's record in the snapshot without its target: the [`Record::Inode`]
+/// encoding (tag, version, ino, kind, perm, uid, gid, nlink, size, rdev, four times, target
+/// length). Checked against [`Record::encode`] by the tests.
+const INODE_RECORD_FIXED: u64 = 1 + 8 + 8 + 1 + 2 + 4 + 4 + 4 + 8 + 8 + 4 * 12 + 2;
+
+/// Bytes of `put_key(k)`.
+fn key_len(k: &Key) -> u64 {
+    match k {
+        Key::Fs => 1,
+        Key::Inode(_) => 9,
+        Key::Dentry(_, n) | Key::Xattr(_, n) => 10 + n.len() as u64,
+        Key::Block(..) => 17,
+    }
+}
+
+/// Bytes one inode takes in the snapshot, leaving out its blocks, entries and attributes.
+fn inode_len(inode: &Inode) -> u64 {
+    let dir = if inode.dir.is_some() { 1 + 24 } else { 1 };
+    4 + INODE_RECORD_FIXED + inode.target.len() as u64 + 8 + dir + 4
+}
+
+/// Bytes a block takes in its inode's list.
+const BLOCK_LEN: u64 = 8 + 8 + 4 + 8 + 2 + 8;
+
+/// Bytes of a directory entry named `name`.
+fn dentry_len(name: &[u8]) -> u64 {
+    1 + name.len() as u64 + 8 + 1 + 8 + 8
+}
+
+/// Bytes of an extended attribute.
+fn xattr_len(name: &[u8], value: &[u8]) -> u64 {
+    1 + name.len() as u64 + 4 + value.len() as u64 + 8
+}
+
+/// The exact length of [`encode`]`(st)`, without sorting or encoding anything: what the space
+/// accounting measures (`fs/space.rs`), in time linear in the state and no allocation.
+pub(crate) fn encoded_len(st: &State) -> u64 {
+    let mut n: u64 = 8 + 4 + 4 + 8 + 8 + 8 + 8;
+    for inode in st.inodes.values() {
+        n += inode_len(inode) + BLOCK_LEN * inode.blocks.len() as u64;
+        if let Some(dir) = &inode.dir {
+            n += dir.entries.keys().map(|name| dentry_len(name)).sum::<u64>();
+        }
+        n += inode.xattrs.iter().map(|(name, x)| xattr_len(name, &x.value)).sum::<u64>();
+    }
+    n += 8 + st.key_count.keys().map(|k| key_len(k) + 4).sum::<u64>();
+    n += 8 + 12 * st.ino_count.len() as u64;
+    n += 8 + st.tombs.keys().map(|k| key_len(k) + 8).sum::<u64>();
+    n + 8 + 16 * st.freed.len() as u64
+}
+
+/// An upper bound of what committing `key` as it is now in `st` can have added to the
+/// snapshot since it was last measured: the key's own entry as it is now (a block, an
+/// entry, an attribute, an inode without its members), a tombstone and a record count for
+/// it, and for an inode its count and its freed version. Summed over the keys of every
+/// operation, it tells when the measurement may be out of date (`fs/space.rs`).
+pub(crate) fn growth_bound(st: &State, key: &Key) -> u64 {
+    let own = match key {
+        Key::Fs => 0,
+        Key::Inode(ino) => st.inodes.get(ino).map_or(0, inode_len) + 12 + 16,
+        Key::Block(..) => BLOCK_LEN,
+        Key::Dentry(_, name) => dentry_len(name),
+        Key::Xattr(ino, name) => {
+            let value = st.inodes.get(ino).and_then(|i| i.xattrs.get(name));
+            xattr_len(name, value.map_or(&[][..], |x| &x.value))
+        }
+    };
+    own + key_len(key) * 2 + 8 + 4
+}
+
 fn sorted<K: Ord, V>(m: &HashMap<K, V>) -> Vec<(&K, &V)> {
     let mut v: Vec<(&K, &V)> = m.iter().collect();
     v.sort_unstable_by(|a, b| a.0.cmp(b.0));
@@ -286,6 +356,88 @@ mod tests {
         assert_eq!(back.inodes[&7].blocks[&3].addr, 100);
         assert_eq!(back.inodes[&ROOT].dir.as_ref().unwrap().entries[&b"f".to_vec()].cookie, 3);
         assert_eq!(back.tombs[&Key::Dentry(ROOT, b"g".to_vec())], 8);
+    }
+
+    /// A larger state: symlinks, directories with long names, attributes, tombstones of
+    /// every key kind, freed inodes.
+    fn larger() -> State {
+        let mut st = sample();
+        let t = Timespec { sec: 1, nsec: 2 };
+        for i in 0..200u64 {
+            let ino = 100 + i;
+            let kind = [FileKind::File, FileKind::Dir, FileKind::Symlink][(i % 3) as usize];
+            let target = if kind == FileKind::Symlink { vec![b'x'; i as usize] } else { vec![] };
+            let mut inode = Inode::new(fresh_attr(ino, kind, 0o600, 0, 0, t), target, ROOT);
+            for b in 0..i % 7 {
+                inode.blocks.insert(b, Block { ver: b, crc: 1, addr: b, tx: None, data: None });
+            }
+            if let Some(d) = inode.dir.as_mut() {
+                for e in 0..i % 5 {
+                    let name = vec![b'n'; (e * 50 + 1) as usize];
+                    d.insert(name, Dentry { ino: e, kind: FileKind::File, cookie: e, ver: e });
+                }
+            }
+            let value = vec![7u8; (i * 13) as usize];
+            inode.xattrs.insert(format!("user.a{i}").into_bytes(), Xattr { value, ver: i });
+            st.inodes.insert(ino, inode);
+            st.key_count.insert(Key::Block(ino, i), 1);
+            st.key_count.insert(Key::Xattr(ino, vec![b'q'; (i % 255) as usize]), 2);
+            st.ino_count.insert(ino, 1);
+            st.tombs.insert(Key::Inode(ino), i);
+            st.tombs.insert(Key::Fs, i);
+            st.freed.insert(1000 + i, i);
+        }
+        st
+    }
+
+    #[test]
+    fn encoded_len_is_the_encoding_s_length() {
+        for st in [State::default(), sample(), larger()] {
+            assert_eq!(encoded_len(&st), encode(&st).len() as u64);
+        }
+        let rec = Record::Inode {
+            ver: 1,
+            attr: fresh_attr(3, FileKind::File, 0, 0, 0, Timespec { sec: 0, nsec: 0 }),
+            target: Vec::new(),
+        };
+        assert_eq!(rec.encode().len() as u64, INODE_RECORD_FIXED);
+    }
+
+    /// Adding anything to a state grows its encoding by at most the growth bound of the keys
+    /// the change touched.
+    #[test]
+    fn growth_bound_covers_what_a_key_adds() {
+        let before = larger();
+        let mut st = larger();
+        let t = Timespec { sec: 1, nsec: 2 };
+        let name = vec![b'z'; 255];
+        let mut inode =
+            Inode::new(fresh_attr(9000, FileKind::Symlink, 0, 0, 0, t), vec![b't'; 4000], ROOT);
+        inode.xattrs.insert(b"user.big".to_vec(), Xattr { value: vec![1; 60_000], ver: 1 });
+        inode.blocks.insert(5, Block { ver: 1, crc: 1, addr: 1, tx: None, data: None });
+        st.inodes.insert(9000, inode);
+        if let Some(d) = st.inodes.get_mut(&ROOT).and_then(|r| r.dir.as_mut()) {
+            d.insert(
+                name.clone(),
+                Dentry { ino: 9000, kind: FileKind::Symlink, cookie: 9, ver: 1 },
+            );
+        }
+        let keys = [
+            Key::Inode(9000),
+            Key::Block(9000, 5),
+            Key::Xattr(9000, b"user.big".to_vec()),
+            Key::Dentry(ROOT, name),
+        ];
+        for k in &keys {
+            st.key_count.insert(k.clone(), 1);
+            st.tombs.insert(k.clone(), 3);
+        }
+        st.ino_count.insert(9000, 1);
+        st.freed.insert(9000, 1);
+        let grown = encoded_len(&st) - encoded_len(&before);
+        let bound: u64 = keys.iter().map(|k| growth_bound(&st, k)).sum();
+        assert!(grown <= bound, "grew {grown}, bound {bound}");
+        assert!(bound < grown * 2, "bound {bound} far above growth {grown}");
     }
 
     #[test]

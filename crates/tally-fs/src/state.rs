@@ -209,6 +209,18 @@ impl CachedBlocks {
     }
 }
 
+/// The clean-unmount snapshot's room, as measured (`fs/space.rs`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SnapshotNeed {
+    /// Free segments set aside for it, a spare included.
+    pub segments: u32,
+    /// Bytes it may grow by before it outgrows them.
+    pub slack: u64,
+    /// An upper bound of what it grew by since measured ([`crate::snapshot::growth_bound`]
+    /// of every key operations changed).
+    pub grown: u64,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct State {
     pub inodes: HashMap<Ino, Inode>,
@@ -244,9 +256,8 @@ pub(crate) struct State {
     pub dead_blocks: u64,
     /// Blocks `fallocate` reserved and no write has used yet; DRAM only (`reserve.rs`).
     pub reserved: crate::reserve::Reservations,
-    /// The segments the clean-unmount snapshot of this state needs, and `next_ver` when that
-    /// was measured (`fs/space.rs`).
-    pub snapshot_need: Option<(u64, u32)>,
+    /// What the clean-unmount snapshot of this state needs, as last measured (`fs/space.rs`).
+    pub snapshot_need: Option<SnapshotNeed>,
     /// `next_ver` when the checkpoint snapshot in force was taken (`None` without one): every
     /// record from this version on is in the log after it, and tombstones among them are kept
     /// while it is in force (`clean.rs`).

@@ -13,40 +13,41 @@
 
 use std::collections::BTreeSet;
 
-use crate::state::{Key, State};
+use crate::state::{Key, SnapshotNeed, State};
 use crate::txn::Cx;
 use crate::types::Ino;
 use crate::{FsError, Result};
 
 use super::{Fs, RESERVED_SEGMENTS};
 
-/// Operations between two measurements of the snapshot's size. The extra segment counted in
-/// [`Fs::snapshot_segments`] holds what so many operations can add to it (each adds at most
-/// half a segment of blocks, some 70 bytes of snapshot each).
-const SNAPSHOT_MEASURE_EVERY: u64 = 32;
-
 /// Log records of the blocks reserved: one block of records per this many data blocks
 /// (an extent record is some 40 bytes).
 const RECORD_BLOCKS_PER: u64 = 32;
 
 impl Fs {
-    /// Segments the clean-unmount snapshot needs, one spare included. Measured (by encoding
-    /// the state) at mount, and again only near the limit: when free segments come within two
-    /// of the reserves, at most every [`SNAPSHOT_MEASURE_EVERY`] operations.
+    /// Segments the clean-unmount snapshot needs, one spare included. Measured at mount
+    /// ([`crate::snapshot::encoded_len`], linear in the state), and again only near the limit
+    /// (free segments within two of the reserves) once what operations changed since may
+    /// have outgrown the spare: each operation adds [`crate::snapshot::growth_bound`] of
+    /// the keys it touched (`Fs::take_space`). Half the spare segment is left for the log's
+    /// own part of the snapshot (its streams' state).
+    ///
+    /// Measuring after a fixed number of operations instead (every 32) made a full file
+    /// system of 100,000 files spend most of its time sorting and encoding snapshots.
     pub(crate) fn snapshot_segments(&self, st: &mut State) -> u32 {
-        let free = self.log.free_segments();
-        if let Some((ver, segments)) = st.snapshot_need {
-            let far = free > RESERVED_SEGMENTS + segments + 2;
-            if far || st.next_ver < ver.saturating_add(SNAPSHOT_MEASURE_EVERY) {
-                return segments;
+        if let Some(need) = st.snapshot_need {
+            let far = self.log.free_segments() > RESERVED_SEGMENTS + need.segments + 2;
+            if far || need.grown <= need.slack {
+                return need.segments;
             }
         }
-        let bytes = crate::snapshot::encode(st).len() as u64;
         let seg_bytes = u64::from(self.segment_blocks) * u64::from(self.bs);
-        // Its header block, and the log's own part (stream positions) within the spare.
-        let needed = (bytes + u64::from(self.bs)).div_ceil(seg_bytes).saturating_add(1);
+        // Its header block, and the log's part within the spare.
+        let total = crate::snapshot::encoded_len(st) + u64::from(self.bs);
+        let needed = total.div_ceil(seg_bytes).saturating_add(1);
+        let slack = needed.saturating_mul(seg_bytes).saturating_sub(total + seg_bytes / 2);
         let segments = u32::try_from(needed).unwrap_or(u32::MAX);
-        st.snapshot_need = Some((st.next_ver, segments));
+        st.snapshot_need = Some(SnapshotNeed { segments, slack, grown: 0 });
         segments
     }
 
@@ -93,6 +94,12 @@ impl Fs {
         }
         for (ino, b) in consumed {
             st.reserved.remove(ino, b, b + 1);
+        }
+        if st.snapshot_need.is_some() {
+            let grown: u64 = cx.touched.iter().map(|k| crate::snapshot::growth_bound(st, k)).sum();
+            if let Some(need) = st.snapshot_need.as_mut() {
+                need.grown = need.grown.saturating_add(grown);
+            }
         }
         for ino in owners {
             if st.reserved.holds(ino) && !st.inodes.contains_key(&ino) {
