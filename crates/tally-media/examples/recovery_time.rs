@@ -1,6 +1,8 @@
 //! Recovery time of a log spread over several NBD targets against the same log on a local file
-//! (issue 18's benchmark): write `--mib` MiB of ordered transactions (one 4 KiB data block and
-//! a small record each, over `--streams` streams from as many threads), make them durable, drop
+//! (issue 18's benchmark): write a log of `--mib` MiB of ordered transactions (one 4 KiB data
+//! block and a small record each, over `--streams` streams from as many threads: two blocks of
+//! log per transaction, its data and its unit, so `--mib 1024` is 131,072 transactions and
+//! about 1 GiB written, which the JSON reports as `written_mib`), make them durable, drop
 //! the log without a clean close (so opening it scans the whole log, as after a crash), then
 //! time `Log::open` `--repeat` times. The device is a local file (`--file PATH`, read through
 //! the page cache like nbdkit's file plugin reads its file, so the comparison is of the
@@ -12,7 +14,9 @@
 //! cargo run --release -p tally-media --example recovery_time -- --mib 1024 URI URI URI
 //! ```
 //!
-//! Prints one JSON object (times in seconds). Overwrites the file or exports.
+//! Prints one JSON object (times in seconds; `read_mib`: what the last recovery read). The
+//! device needs about twice `--mib` (the segments the log fills, rounded, and spare ones).
+//! Overwrites the file or exports.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -72,8 +76,10 @@ fn main() {
     let dev = open();
     let config = LogConfig { streams, segment_blocks: SEGMENT_BLOCKS, ..LogConfig::default() };
     Log::format(&*dev, &config).expect("format the log");
-    let (log, _) = Log::open(dev, OpenOptions::default()).expect("open the log");
-    let tx_per_stream = mib * 256 / u64::from(streams);
+    let written_before = dev.stats().bytes_written;
+    let (log, _) = Log::open(dev.clone(), OpenOptions::default()).expect("open the log");
+    // Two blocks of log per transaction: its data block and its unit.
+    let tx_per_stream = mib * 256 / 2 / u64::from(streams);
     let write_started = Instant::now();
     std::thread::scope(|scope| {
         for s in 0..streams {
@@ -94,20 +100,25 @@ fn main() {
     log.sync().expect("sync");
     let write_s = write_started.elapsed().as_secs_f64();
     drop(log);
+    let written_mib = dev.stats().bytes_written.saturating_sub(written_before) as f64 / 1048576.0;
+    drop(dev);
+    let mut read_mib = 0.0;
     let mut times = Vec::new();
     let mut recovered = 0u64;
     for _ in 0..repeat {
         let dev = open();
+        let read_before = dev.stats().bytes_read;
         let started = Instant::now();
-        let (log, recovery) = Log::open(dev, OpenOptions::default()).expect("recover");
+        let (log, recovery) = Log::open(dev.clone(), OpenOptions::default()).expect("recover");
         times.push(started.elapsed().as_secs_f64());
+        read_mib = dev.stats().bytes_read.saturating_sub(read_before) as f64 / 1048576.0;
         recovered = recovery.streams.iter().map(|s| s.txs.len() as u64).sum();
         drop(log);
     }
     times.sort_by(f64::total_cmp);
     println!(
         "{{\"device\": \"{}\", \"mib\": {mib}, \"streams\": {streams}, \"transactions\": {recovered}, \
-         \"write_s\": {write_s:.2}, \"recovery_s\": {times:?}, \"recovery_median_s\": {:.3}}}",
+         \"written_mib\": {written_mib:.0}, \"read_mib\": {read_mib:.0}, \"write_s\": {write_s:.2}, \"recovery_s\": {times:?}, \"recovery_median_s\": {:.3}}}",
         if file.is_some() { "local file".to_string() } else { format!("{} NBD target(s)", uris.len()) },
         times[times.len() / 2]
     );
