@@ -102,20 +102,21 @@ fn summary(r: &Report) -> String {
 
 #[test]
 fn bounded_exploration_from_an_empty_log_finds_no_violation() {
-    // Every workload of up to 2 ops, and every 3rd workload of up to 3 ops (1,517 of 4,549),
+    // Every workload of up to 2 ops, and every 5th workload of up to 3 ops (910 of 4,549),
     // each crashed at every point. All 4,549 (3.4 million states, 15 minutes on a loaded 2-core
-    // machine: the longest test of the suite) are `tally crash log --bounded 3`.
+    // machine: the longest test of the suite) are `tally crash log --bounded 3`; CI runs a slice
+    // to stay well under half an hour in all.
     let r2 = bounded(2, Start::Empty, ExploreConfig::default());
     println!("bounded 2, empty: {}", summary(&r2));
     assert_eq!(r2.violations, 0, "{:#?}", r2.first_violation);
     let mut ex = Explorer::new(ExploreConfig::default());
-    for w in Workload::bounded(3, &Op::ALL).into_iter().step_by(3) {
+    for w in Workload::bounded(3, &Op::ALL).into_iter().step_by(5) {
         ex.run(&w, Start::Empty, true);
     }
     let r = ex.report();
-    println!("bounded 3 (every 3rd workload), empty: {}", summary(&r));
+    println!("bounded 3 (every 5th workload), empty: {}", summary(&r));
     assert_eq!(r.violations, 0, "{:#?}", r.first_violation);
-    assert!(r.workloads > 1_500 && r.states_checked > 500_000 && r.recovery_crash_states > 0);
+    assert!(r.workloads > 900 && r.states_checked > 300_000 && r.recovery_crash_states > 0);
 }
 
 /// Write-behind with the buffers written out only by the log (durability requests, thresholds):
