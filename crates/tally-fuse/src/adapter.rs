@@ -328,13 +328,26 @@ impl TallyFuse {
     /// databases `O_RDWR`, `O_CREAT` at most), so such a handle may start none
     /// (`adapter/f2fs.rs`) and its `close` costs no round trip (tar, git, cp, compilers, shell
     /// redirections, appenders). The kernel keeps `O_EXCL` and `O_TRUNC` only in `CREATE`.
-    fn file_open_flags(flags: i32) -> (bool, bool, FopenFlags) {
+    ///
+    /// Such a file opened for writing only also gets `FOPEN_DIRECT_IO` when `direct` (the file
+    /// system drops privileges itself, `FUSE_HANDLE_KILLPRIV_V2`): its writes bypass the
+    /// kernel's page cache, so each `write` reaches the daemon as one `WRITE` whatever its
+    /// alignment (through the page cache the kernel ends a `WRITE` at a page it holds only in
+    /// part: tar's 10 KiB records cost four `WRITE`s in three), and the kernel does not ask
+    /// `getxattr("security.capability")` before the first one (it leaves the dropping to the
+    /// file system, saying when the writer lacks `CAP_FSETID`). Nothing is lost: a handle open
+    /// for writing only can be neither read nor mapped, the kernel drops other handles' cached
+    /// pages of what it writes, and the file's next open reads it in large `READ`s.
+    fn file_open_flags(flags: i32, direct: bool) -> (bool, bool, FopenFlags) {
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let not_in_place = flags & (libc::O_EXCL | libc::O_TRUNC | libc::O_APPEND) != 0;
         let flushed = writable && !not_in_place;
         let mut open = FILE_OPEN_FLAGS;
         if flushed {
             open.remove(FopenFlags::FOPEN_NOFLUSH);
+        }
+        if direct && not_in_place && flags & libc::O_ACCMODE == libc::O_WRONLY {
+            open.insert(FopenFlags::FOPEN_DIRECT_IO);
         }
         (writable, flushed, open)
     }
@@ -532,12 +545,18 @@ impl TallyFuse {
             // Symlink targets never change: the kernel may keep them.
             (InitFlags::FUSE_CACHE_SYMLINKS, "a readlink per symlink resolution"),
         ];
+        // The NoKillPriv mutant leaves privileges to the kernel, and every write asks first.
+        let killpriv = self.mutant != Some(FuseMutant::NoKillPriv);
         for (flag, without) in wanted {
+            if flag == InitFlags::FUSE_HANDLE_KILLPRIV_V2 && !killpriv {
+                continue;
+            }
             if config.add_capabilities(flag).is_err() {
                 tracing::info!("the kernel does not offer {flag:?}: {without}");
             }
         }
-        let drops_privs = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2).is_ok();
+        let drops_privs =
+            killpriv && config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2).is_ok();
         self.drops_privs.store(drops_privs, Ordering::Relaxed);
         // The kernel offers it only while its `fuse` module has `enable_uring` on; taken, the
         // kernel still sends requests through /dev/fuse until every queue has ring entries
@@ -732,7 +751,7 @@ impl TallyFuse {
     pub(crate) fn open(&self, ino: u64, open_flags: i32) -> Result<Opened, Errno> {
         self.requests.count(Opcode::Open);
         self.call("open", |fs| Ok(fs.open(ino)?))?;
-        let (writable, flushed, mut flags) = Self::file_open_flags(open_flags);
+        let (writable, flushed, mut flags) = Self::file_open_flags(open_flags, self.drops_privs());
         if self.patchy().remove(&ino) {
             flags.remove(FopenFlags::FOPEN_KEEP_CACHE);
         }
@@ -968,7 +987,7 @@ impl TallyFuse {
             Ok(Self::attr_of(fs, &a))
         })?;
         // One timeout for the entry and the attributes here.
-        let (writable, flushed, flags) = Self::file_open_flags(open_flags);
+        let (writable, flushed, flags) = Self::file_open_flags(open_flags, self.drops_privs());
         Ok((self.entry_one_ttl(attr), Opened { fh: self.fh(writable, flushed), flags }))
     }
 
@@ -1227,5 +1246,34 @@ mod tests {
         assert_eq!(a.requests.get(Opcode::F2fsStartAtomicWrite), 5);
         a.destroy();
         assert_eq!(a.outcome.lock().unwrap().clone(), Some(Unmounted::Clean));
+    }
+
+    #[test]
+    fn only_write_only_opens_not_in_place_bypass_the_page_cache() {
+        let direct = |flags: i32, drops_privs: bool| {
+            TallyFuse::file_open_flags(flags, drops_privs).2.contains(FopenFlags::FOPEN_DIRECT_IO)
+        };
+        // tar, git checkout, cp: O_EXCL; File::create and `>`: O_TRUNC; appenders: O_APPEND.
+        for flags in [
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+            libc::O_WRONLY | libc::O_TRUNC,
+            libc::O_WRONLY | libc::O_APPEND,
+        ] {
+            assert!(direct(flags, true), "{flags:#o}");
+            assert!(!direct(flags, false), "{flags:#o}: the kernel drops privileges itself");
+        }
+        // What may be read or mapped, or rewritten in place, keeps the page cache.
+        for flags in [
+            libc::O_RDWR | libc::O_TRUNC,
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
+            libc::O_RDWR | libc::O_APPEND,
+            libc::O_WRONLY,
+            libc::O_RDWR,
+            libc::O_RDONLY,
+        ] {
+            assert!(!direct(flags, true), "{flags:#o}");
+            let keep = TallyFuse::file_open_flags(flags, true).2;
+            assert!(keep.contains(FopenFlags::FOPEN_KEEP_CACHE), "{flags:#o}");
+        }
     }
 }

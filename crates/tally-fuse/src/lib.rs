@@ -30,7 +30,12 @@
 //! - **no writeback cache**: a `write` reaches the file system before it returns, so each write
 //!   is a transaction and `fsync` has nothing of the kernel's to flush first. With it, the
 //!   kernel would send dirty pages later, merged and in its own order, and a barrier or an
-//!   explicit transaction could no longer say which writes it covers;
+//!   explicit transaction could no longer say which writes it covers (measured on untar, clone
+//!   and rm -rf, it also sends more requests, not fewer: docs/bench/posix.md);
+//! - **direct writes** (`FOPEN_DIRECT_IO`) through a file open for writing only with `O_EXCL`,
+//!   `O_TRUNC` or `O_APPEND` (tar, git, cp, redirections, appenders): each `write` is one
+//!   `WRITE` whatever its alignment, and no `getxattr("security.capability")` precedes the
+//!   first (`adapter.rs`, `TallyFuse::file_open_flags`);
 //! - **several request threads** ([`MountConfig::threads`], one `/dev/fuse` clone each):
 //!   `fsync`s wait for the device in parallel while other requests are served;
 //! - **FUSE over io_uring** where the kernel offers it ([`MountConfig::io_uring`], [`IoUring`]):

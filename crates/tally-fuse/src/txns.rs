@@ -48,6 +48,10 @@ pub enum FuseMutant {
     /// A write that drops a file's set-user-ID bit leaves the kernel's cached mode alone: the
     /// kernel goes on checking permissions, and running the file, with the bit.
     KeepCachedMode,
+    /// The adapter does not take `FUSE_HANDLE_KILLPRIV_V2` at `INIT`: the kernel drops
+    /// privileges itself and asks `getxattr("security.capability")` before every write (no
+    /// inode is ever marked `S_NOSEC`), so a written file costs a round trip per write more.
+    NoKillPriv,
 }
 
 /// Longest parent chain followed when looking for a tree's root (deeper callers are outside).

@@ -5,11 +5,13 @@
 
 mod common;
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File, FileTimes, OpenOptions, Permissions};
 use std::io::Write;
-use std::time::Duration;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+use std::time::{Duration, SystemTime};
 
-use tally_fuse::{Opcode, Unmounted};
+use tally_fuse::{FuseMutant, MountConfig, Opcode, RequestSnapshot, Unmounted};
 
 use common::{require_fuse, wait_until, Scratch, Served};
 
@@ -17,8 +19,14 @@ use common::{require_fuse, wait_until, Scratch, Served};
 /// 1024 by default): its `stat` of the mount's root is a `GETATTR` that must not land among a
 /// test's counts.
 fn mount(s: &Scratch) -> Served {
+    mount_as(s, None)
+}
+
+/// [`mount`], with the adapter mutant `mutant` if any.
+fn mount_as(s: &Scratch, mutant: Option<FuseMutant>) -> Served {
     use std::os::unix::fs::MetadataExt;
-    let m = s.mount();
+    let m =
+        s.serve(&MountConfig { allow_other: true, threads: 4, mutant, ..MountConfig::default() });
     let dev = fs::metadata(&m.dir).unwrap().dev();
     let path = format!("/sys/class/bdi/{}:{}/read_ahead_kb", libc::major(dev), libc::minor(dev));
     wait_until("read-ahead set", Duration::from_secs(10), || {
@@ -143,4 +151,116 @@ fn a_listing_carries_the_attributes_of_its_names() {
     // One lookup (d itself); every name listed came with its attributes.
     assert!(d.get(Opcode::Lookup) <= 1 && d.get(Opcode::Getattr) <= 1, "{d}");
     assert_eq!(m.unmount(), Unmounted::Clean);
+}
+
+/// Files extracted by [`extract`] and removed again in each test below.
+const EXTRACTED_COUNT: u64 = 40;
+
+/// What GNU tar does for each file it extracts, `EXTRACTED_COUNT` times in `dir`: create it
+/// (`O_EXCL`), write three 10 KiB records, `fchown` it to its owner (the caller here), `fchmod`,
+/// `futimens`, close.
+fn extract(dir: &Path) {
+    // SAFETY: geteuid and getegid have no preconditions.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    for i in 0..EXTRACTED_COUNT {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dir.join(format!("f{i}")))
+            .unwrap();
+        for r in 0..3u8 {
+            f.write_all(&[r; 10_240]).unwrap();
+        }
+        std::os::unix::fs::fchown(&f, Some(uid), Some(gid)).unwrap();
+        f.set_permissions(Permissions::from_mode(0o644)).unwrap();
+        f.set_times(FileTimes::new().set_accessed(at).set_modified(at)).unwrap();
+    }
+}
+
+/// Requests but `FORGET` (a message without a reply): round trips.
+fn round_trips(d: &RequestSnapshot) -> u64 {
+    d.total() - d.get(Opcode::Forget)
+}
+
+/// The requests of extracting [`EXTRACTED_COUNT`] files into a new directory and of removing
+/// them again, on a mount with `mutant` if any.
+fn extract_and_remove(mutant: Option<FuseMutant>) -> (RequestSnapshot, RequestSnapshot) {
+    let s = Scratch::new("requests-test", "extract");
+    let m = mount_as(&s, mutant);
+    fs::create_dir(m.path("d")).unwrap();
+    let before = m.requests();
+    extract(&m.path("d"));
+    wait_until("every release arrived", Duration::from_secs(10), || {
+        m.requests().since(&before).get(Opcode::Release) == EXTRACTED_COUNT
+    });
+    let extracted = m.requests().since(&before);
+    // What tar left: every record, the mode and the times it set.
+    let data = fs::read(m.path("d/f0")).unwrap();
+    assert_eq!(data.len(), 30_720);
+    assert!(data.chunks(10_240).enumerate().all(|(r, c)| c.iter().all(|&b| usize::from(b) == r)));
+    let meta = fs::metadata(m.path(&format!("d/f{}", EXTRACTED_COUNT - 1))).unwrap();
+    assert_eq!((meta.len(), meta.permissions().mode() & 0o7777), (30_720, 0o644));
+    assert_eq!(
+        meta.modified().unwrap(),
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000)
+    );
+    let before = m.requests();
+    for i in 0..EXTRACTED_COUNT {
+        fs::remove_file(m.path(&format!("d/f{i}"))).unwrap();
+    }
+    let removed = m.requests().since(&before);
+    assert_eq!(fs::read_dir(m.path("d")).unwrap().count(), 0);
+    assert_eq!(m.unmount(), Unmounted::Clean);
+    (extracted, removed)
+}
+
+/// What an extracted and a removed file cost, request by request, at what Linux (6.18)
+/// forces on a file system that checks no permissions itself (`default_permissions`), keeps
+/// extended attributes and makes each request a transaction before it answers
+/// (docs/bench/posix.md, "FUSE requests per operation"). Per extracted file:
+/// - `LOOKUP` of the new name, then `CREATE` (the kernel looks a name up before it creates it);
+/// - one `WRITE` per record: an `O_EXCL` file open for writing only bypasses the page cache
+///   (`FOPEN_DIRECT_IO`), through which a record starting inside a page costs two;
+/// - one `GETXATTR("security.capability")`, at `fchown`: the kernel asks on every change of
+///   owner whether there is a capability to drop (none before the first write, which the page
+///   cache would ask, every attribute reply having cleared the inode's `S_NOSEC`);
+/// - three `SETATTR`s (`fchown`, `fchmod`, `futimens`: the kernel merges none);
+/// - one `GETATTR` of the directory (each create makes the kernel drop the directory's
+///   attributes, and its permission check on the next path asks for them again);
+/// - `RELEASE` and no `FLUSH` (an `O_EXCL` file cannot own an atomic write).
+///
+/// Per removed file: `UNLINK` and the directory's `GETATTR`, for the same reason.
+#[test]
+fn an_extracted_file_costs_what_the_kernel_forces_and_no_more() {
+    require_fuse!();
+    let (x, r) = extract_and_remove(None);
+    let n = EXTRACTED_COUNT;
+    assert_eq!(x.get(Opcode::Create), n, "{x}");
+    assert_eq!(x.get(Opcode::Write), 3 * n, "{x}");
+    assert_eq!(x.get(Opcode::Setattr), 3 * n, "{x}");
+    assert_eq!(x.get(Opcode::Release), n, "{x}");
+    assert_eq!(x.get(Opcode::Flush), 0, "{x}");
+    assert!(x.get(Opcode::Lookup) <= n, "{x}");
+    assert!(x.get(Opcode::Getxattr) <= n, "{x}");
+    assert!(x.get(Opcode::Getattr) <= n + 1, "{x}");
+    assert!(round_trips(&x) <= 11 * n + 1, "{x}");
+    assert_eq!(r.get(Opcode::Unlink), n, "{r}");
+    assert_eq!(r.get(Opcode::Lookup), 0, "{r}");
+    assert!(r.get(Opcode::Getattr) <= n + 1, "{r}");
+    assert!(round_trips(&r) <= 2 * n + 1, "{r}");
+}
+
+/// The budget above is tight enough to see a lost `FUSE_HANDLE_KILLPRIV_V2`: the kernel then
+/// asks `getxattr("security.capability")` before every write, and the adapter, which no longer
+/// drops privileges itself, keeps writes in the page cache (four `WRITE`s for three records).
+#[cfg(feature = "mutants")]
+#[test]
+fn the_budget_catches_a_mount_without_killpriv() {
+    require_fuse!();
+    let (x, _) = extract_and_remove(Some(FuseMutant::NoKillPriv));
+    assert!(x.get(Opcode::Getxattr) > EXTRACTED_COUNT, "{x}");
+    assert!(x.get(Opcode::Write) > 3 * EXTRACTED_COUNT, "{x}");
+    assert!(round_trips(&x) > 11 * EXTRACTED_COUNT + 1, "{x}");
 }

@@ -83,6 +83,7 @@ fn abort_two_files(mutant: Option<FuseMutant>) -> Result<(), String> {
 }
 
 /// The failure a check reported against a mutant (printed); panics when it passed.
+#[cfg(feature = "mutants")]
 fn caught(check: Result<(), String>) -> String {
     let e = check.unwrap_err();
     eprintln!("caught: {e}");
