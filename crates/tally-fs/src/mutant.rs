@@ -28,7 +28,7 @@ pub enum FsMutant {
     /// `barrier` keeps the oldest not-yet-durable barrier of a stream instead of its newest:
     /// a later barrier on the same stream orders nothing. Not in [`FsMutant::ALL`] (the
     /// explorer's workloads are too short to reach it); `tally-crash`'s
-    /// `tests/fs_barrier_crash.rs` must catch it.
+    /// `tests/barrier_crash.rs` must catch it.
     BarrierKeepsOldest,
     /// Cleaning judges tombstones as if no checkpoint snapshot were in force: one written
     /// after the snapshot is dropped once older records of its object have left the log, and

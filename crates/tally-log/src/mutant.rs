@@ -110,7 +110,7 @@ impl Mutant {
     }
 
     /// Whether the race needs several threads to show: the single-threaded crash explorer
-    /// cannot catch it; `tests/log_concurrency.rs` in `tally-crash` does.
+    /// cannot catch it; `tests/concurrency.rs` does.
     #[must_use]
     pub fn needs_concurrency(self) -> bool {
         matches!(self, Mutant::OrderlessSubmitUntracked)

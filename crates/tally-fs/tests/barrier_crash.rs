@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use tally_crash::{CrashConfig, CrashDevice, CrashOptions, RecordingDevice};
+use tally_sim::{CrashConfig, CrashDevice, CrashOptions, RecordingDevice};
 use tally_fs::{Fs, FsMutant, MkfsOptions, MountOptions, Owner, StreamPolicy, ROOT};
 use tally_media::{Device, Geometry, Image, MemDevice};
 

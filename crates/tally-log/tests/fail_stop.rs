@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tally_crash::{CrashConfig, CrashDevice, CrashOptions, FaultPlan};
+use tally_sim::{CrashConfig, CrashDevice, CrashOptions, FaultPlan};
 use tally_log::{Log, LogConfig, LogError, OpenOptions, Transaction};
 use tally_media::{Device, Geometry, MemDevice};
 

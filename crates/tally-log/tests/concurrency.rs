@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use tally_crash::{CompletionPolicy, CrashConfig, CrashDevice, CrashPoint};
+use tally_sim::{CompletionPolicy, CrashConfig, CrashDevice, CrashPoint};
 use tally_log::{CommitMode, Log, LogConfig, OpenOptions, Transaction, TxId};
 use tally_media::{Geometry, MemDevice};
 

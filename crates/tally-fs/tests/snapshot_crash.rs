@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use tally_crash::{CrashConfig, CrashDevice, CrashOptions, CrashPoint, RecordingDevice};
+use tally_sim::{CrashConfig, CrashDevice, CrashOptions, CrashPoint, RecordingDevice};
 use tally_fs::{Fs, MkfsOptions, MountOptions, Owner, ROOT};
 use tally_media::{Device, Geometry, Image, MemDevice};
 
