@@ -13,6 +13,7 @@
 //! in memory only, and liveness must be judged against what is on media.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 
 use tally_log::{LogError, Transaction, TxId};
 
@@ -460,11 +461,22 @@ impl Fs {
     /// I/O errors (the file system is then read-only).
     pub fn maintain(&self) -> Result<MaintainReport> {
         let mut report = MaintainReport::default();
-        // Data held in memory, or changes still in the log's write-behind buffers.
-        let dirty = !lock(&self.state)?.cached.is_empty() || self.log.stats().buffered_bytes > 0;
+        // Something committed and not durable yet, other than parts of an open large
+        // transaction (a transaction's parts are flushed with its close, not every round).
+        let dirty = (0..self.streams).any(|s| {
+            self.whole_committed
+                .get(usize::from(s))
+                .is_some_and(|last| last.load(Ordering::Relaxed) > self.log.durable_seq(s))
+        });
         if dirty {
             self.sync()?;
             report.synced = true;
+        } else {
+            // What became durable by other means (fsyncs, commits) leaves memory.
+            let mut st = lock(&self.state)?;
+            if !st.cached.is_empty() {
+                self.prune_cache(&mut st);
+            }
         }
         let total = self.log.device().geometry().block_count / u64::from(self.segment_blocks);
         // The state lock is taken for one segment at a time and given up between segments (as

@@ -179,3 +179,29 @@ fn a_transaction_larger_than_free_space_fails_cleanly() {
     assert_eq!(fs.lookup(ROOT, b"after").unwrap().size, 8 << 20);
     assert!(fs.lookup(ROOT, b"tree").is_err());
 }
+
+/// A maintenance round (the mount's every 5 s) while a transaction's parts are out flushes
+/// nothing for them: they are flushed with the close. A change outside the transaction is
+/// still made durable by the next round.
+#[test]
+fn maintenance_rounds_do_not_flush_a_running_transactions_parts() {
+    let dev = fresh(160);
+    let fs = mount(&dev);
+    fs.sync().unwrap();
+    assert!(!fs.maintain().unwrap().synced, "nothing to make durable");
+    let txn = fs.begin().unwrap();
+    write_tree(&fs, &txn, b"tree", 200).unwrap();
+    let before = dev.stats();
+    let r = fs.maintain().unwrap();
+    assert!(!r.synced, "{r:?}");
+    assert_eq!((dev.stats() - before).flushes, 0, "a round flushed a transaction's parts");
+    let outside = fs.create(None, ROOT, b"outside", 0o644, ME).unwrap().ino;
+    fs.write(None, outside, 0, b"mine").unwrap();
+    let r = fs.maintain().unwrap();
+    assert!(r.synced, "a change outside the transaction waits for no commit: {r:?}");
+    assert_eq!((dev.stats() - before).flushes, 1);
+    let at_commit = dev.stats();
+    fs.commit_durable(txn).unwrap();
+    assert_eq!((dev.stats() - at_commit).flushes, 1);
+    check_tree(&fs, b"tree", 200);
+}

@@ -117,6 +117,16 @@ impl Fs {
 
     /// Commit `tx` ordered; an I/O failure makes the file system read-only.
     pub(crate) fn log_commit(&self, st: &mut State, tx: Transaction) -> Result<CommitInfo> {
+        let info = self.log_commit_part(st, tx)?;
+        if let Some(last) = self.whole_committed.get(usize::from(info.ticket.stream)) {
+            last.fetch_max(info.ticket.seq, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(info)
+    }
+
+    /// [`Fs::log_commit`] for a part of a large transaction (`fs/large.rs`): not something
+    /// a maintenance round flushes for, since nothing of it survives before its close.
+    pub(crate) fn log_commit_part(&self, st: &mut State, tx: Transaction) -> Result<CommitInfo> {
         self.log.commit(tx).map_err(|e| {
             let e = FsError::from(e);
             if let FsError::ReadOnly(m) | FsError::Io(m) = &e {

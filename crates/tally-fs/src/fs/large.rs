@@ -58,7 +58,9 @@ impl Fs {
         }
         // The part's blocks and their records, and a segment's end it may leave unused.
         let need = Self::reservation_cost(pending).saturating_add(u64::from(self.segment_blocks));
-        if self.growth_blocks(st) < need {
+        let growth = self.growth_blocks(st);
+        if growth < need {
+            tracing::debug!(pending, need, growth, "no room for a transaction's next part: ENOSPC");
             return Err(FsError::NoSpace);
         }
         Ok(true)
@@ -96,7 +98,7 @@ impl Fs {
             };
             let mut tx = built.tx;
             tx.run_part(run);
-            let info = match self.log_commit(st, tx) {
+            let info = match self.log_commit_part(st, tx) {
                 Ok(info) => info,
                 Err(FsError::NoSpace) => break,
                 Err(e) => return Err(e),
@@ -148,7 +150,9 @@ impl Fs {
         // Room for every piece before anything is written (each may leave a segment's end).
         let planned: u64 = pieces.iter().map(|p| p.1).sum();
         let waste = (pieces.len() as u64).saturating_mul(self.piece_blocks());
-        if self.growth_blocks(st) < planned.saturating_add(waste) {
+        let growth = self.growth_blocks(st);
+        if growth < planned.saturating_add(waste) {
+            tracing::debug!(planned, waste, growth, "no room for a transaction's commit: ENOSPC");
             return Err(FsError::NoSpace);
         }
         let mut run = t.run;
@@ -167,7 +171,8 @@ impl Fs {
                 (true, Some(r)) => tx.run_close(r),
                 (_, r) => tx.run_part(r),
             };
-            let info = self.log_commit(st, tx)?;
+            let info =
+                if i == last { self.log_commit(st, tx)? } else { self.log_commit_part(st, tx)? };
             run.get_or_insert(info.ticket.seq);
             committed.push((written, info));
         }

@@ -159,6 +159,10 @@ pub struct Fs {
     /// proportion to it; trying after every operation made a full file system with 100,000
     /// files spend most of its time encoding snapshots it could not write.
     checkpoint_retry_at: std::sync::atomic::AtomicU64,
+    /// Per stream, the seq of the last transaction committed that is not a part of a large
+    /// transaction (`fs/large.rs`): what a maintenance round makes durable. Parts alone wait
+    /// for their close (one flush for the whole transaction).
+    pub(crate) whole_committed: Vec<std::sync::atomic::AtomicU64>,
 }
 
 /// How a mount went.
@@ -316,6 +320,7 @@ impl Fs {
         }
         st.block_size = bs;
         let segment_blocks = log.segment_blocks();
+        let log_streams = log.stream_count();
         let mut fs = Fs {
             streams: log.stream_count(),
             bs,
@@ -335,6 +340,9 @@ impl Fs {
                 bytes => bytes.div_ceil(u64::from(bs)).max(1),
             },
             checkpoint_retry_at: std::sync::atomic::AtomicU64::new(0),
+            whole_committed: (0..log_streams)
+                .map(|_| std::sync::atomic::AtomicU64::new(0))
+                .collect(),
         };
         // Files that were open when their last link went, and then the crash (or an unmount
         // with handles still open): nobody can reach them any more.
