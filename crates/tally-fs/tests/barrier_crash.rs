@@ -8,9 +8,9 @@
 
 use std::sync::Arc;
 
-use tally_sim::{CrashConfig, CrashDevice, CrashOptions, RecordingDevice};
 use tally_fs::{Fs, FsMutant, MkfsOptions, MountOptions, Owner, StreamPolicy, ROOT};
 use tally_media::{Device, Geometry, Image, MemDevice};
+use tally_sim::{CrashConfig, CrashDevice, CrashOptions, RecordingDevice};
 
 const ME: Owner = Owner { uid: 0, gid: 0 };
 const V1: [u8; 1024] = [1; 1024];

@@ -9,9 +9,9 @@
 
 use std::sync::Arc;
 
-use tally_sim::{CrashConfig, CrashDevice, CrashOptions, CrashPoint, RecordingDevice};
 use tally_fs::{Fs, MkfsOptions, MountOptions, Owner, ROOT};
 use tally_media::{Device, Geometry, Image, MemDevice};
+use tally_sim::{CrashConfig, CrashDevice, CrashOptions, CrashPoint, RecordingDevice};
 
 const ME: Owner = Owner { uid: 0, gid: 0 };
 

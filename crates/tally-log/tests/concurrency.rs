@@ -8,9 +8,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use tally_sim::{CompletionPolicy, CrashConfig, CrashDevice, CrashPoint};
 use tally_log::{CommitMode, Log, LogConfig, OpenOptions, Transaction, TxId};
 use tally_media::{Geometry, MemDevice};
+use tally_sim::{CompletionPolicy, CrashConfig, CrashDevice, CrashPoint};
 
 /// Acknowledged transactions and the crash state at the moment of their acknowledgement.
 type Acks = Mutex<Vec<(TxId, CrashPoint)>>;

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use tally_sim::{CrashConfig, CrashDevice, CrashOptions, FaultPlan};
 use tally_log::{Log, LogConfig, LogError, OpenOptions, Transaction};
 use tally_media::{Device, Geometry, MemDevice};
+use tally_sim::{CrashConfig, CrashDevice, CrashOptions, FaultPlan};
 
 fn setup(faults: FaultPlan) -> (Arc<CrashDevice>, Log) {
     let g = Geometry::new(1024, 2 + 8 * 16, 512).unwrap();
