@@ -11,6 +11,9 @@
 #
 #   bench/remote.sh                       # ~5 minutes on a 2-core VM
 #   SECONDS_PER_RUN=2 RUNS=3 THREADS=8 DELAYS="0 1" TARGET_COUNTS="1 3" BENCH_DIR=/var/tmp bench/remote.sh
+#   KEEP=1 LOCAL=0 DELAYS=1 TARGET_COUNTS=3 bench/remote.sh   # rerun one configuration (e.g. one
+#       that ran at a far higher load than the others), keeping the other JSONs; the table is
+#       made from whatever the data directory holds, commands.txt says when each ran
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,6 +29,8 @@ ONE_CONN=${ONE_CONN:-0}
 # Recovery time of a log of this many MiB (0: skip): a local file, one export, 3 exports.
 RECOVERY_MIB=${RECOVERY_MIB:-1024}
 MODES=${MODES:-count,ordered,orderless}
+KEEP=${KEEP:-0}
+LOCAL=${LOCAL:-1}
 OUT_DATA="$ROOT/docs/bench/remote-data"
 WORK="$BENCH_DIR/tally-bench-remote.$$"
 
@@ -37,8 +42,11 @@ if [ "$(stat -f -c %T "$BENCH_DIR")" = tmpfs ]; then
 fi
 
 cd "$ROOT"
-cargo build --release -q -p tally
-cargo build --release -q -p tally-media --example flush_per_write --example recovery_time
+# SKIP_BUILD=1: use the binaries already in the target directory.
+if [ -z "${SKIP_BUILD:-}" ]; then
+  cargo build --release -q -p tally
+  cargo build --release -q -p tally-media --example flush_per_write --example recovery_time
+fi
 BUILT_FROM="$(git rev-parse --short HEAD)"
 git diff --quiet HEAD -- crates/tally-log crates/tally-media crates/tally-bench \
   || BUILT_FROM="$BUILT_FROM + uncommitted changes to the measured crates"
@@ -57,13 +65,19 @@ cleanup() {
 }
 trap cleanup EXIT
 mkdir -p "$WORK" "$OUT_DATA"
-rm -f "$OUT_DATA"/*.json
-: >"$OUT_DATA/commands.txt"
+if [ "$KEEP" = 1 ]; then
+  echo "--- KEEP=1 rerun, $(date -u '+%F %T UTC'): DELAYS=$DELAYS TARGET_COUNTS=$TARGET_COUNTS LOCAL=$LOCAL" \
+    >>"$OUT_DATA/commands.txt"
+else
+  rm -f "$OUT_DATA"/*.json
+  : >"$OUT_DATA/commands.txt"
+  : >"$OUT_DATA/machine.txt"
+fi
 {
   echo "built from: $BUILT_FROM"
   echo "machine: $(uname -sr) $(uname -m), $(nproc) CPUs, $(nbdkit --version)"
   echo "start load: $(cut -d' ' -f1-3 /proc/loadavg)"
-} >"$OUT_DATA/machine.txt"
+} >>"$OUT_DATA/machine.txt"
 
 # serve DELAY_MS COUNT: COUNT nbdkit servers (file plugin, multi-conn), each on its own Unix
 # socket and file of $SIZE, writes delayed DELAY_MS. URIS: their URIs, space-separated.
@@ -100,7 +114,7 @@ run() {
 }
 
 # Interleaved: local, then each remote configuration, so drift is spread over all of them.
-run local --path "$WORK/local.img" --size "$SIZE"
+[ "$LOCAL" = 0 ] || run local --path "$WORK/local.img" --size "$SIZE"
 for d in $DELAYS; do
   for n in $TARGET_COUNTS; do
     serve "$d" "$n"
@@ -171,14 +185,14 @@ for dl in sorted({n.split("-")[1] for n in names if n.startswith("nbd-")}):
 rec = {n[9:-5]: json.load(open(os.path.join(d, n))) for n in os.listdir(d) if n.startswith("recovery-")}
 if rec:
     print()
-    print("| recovery | transactions | write s | recovery s (each run) | median | vs local |")
-    print("|---|---|---|---|---|---|")
+    print("| recovery | transactions | log MiB written | MiB read by recovery | write s | recovery s (each run) | median | vs local |")
+    print("|---|---|---|---|---|---|---|---|")
     for k in sorted(rec):
         r = rec[k]
         loc = rec.get("local")
         vs = f"{r['recovery_median_s'] / loc['recovery_median_s']:.2f}" if loc else ""
         runs = ", ".join(f"{x:.2f}" for x in r["recovery_s"])
-        print(f"| {r['device']} ({r['mib']} MiB) | {r['transactions']} | {r['write_s']:.1f} | {runs} | {r['recovery_median_s']:.2f} | {vs} |")
+        print(f"| {r['device']} ({r['mib']} MiB) | {r['transactions']} | {r.get('written_mib', '')} | {r.get('read_mib', '')} | {r['write_s']:.1f} | {runs} | {r['recovery_median_s']:.2f} | {vs} |")
 print()
 print("| configuration | write p50 µs | flush p50 µs | FUA write p50 µs |")
 print("|---|---|---|---|")
