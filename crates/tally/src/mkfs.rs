@@ -32,8 +32,9 @@ Examples:
   tally mkfs nbd://storage.example:10809/tally    an NBD export (its size is the server's)
   tally mkfs 'nbd+unix:///disk?socket=/run/nbd.sock'   an export on a Unix socket
 
-The image is a log of segments (4 MiB each, whatever the block size) shared by the streams; one operation or explicit \
-transaction must fit in half a segment. The root directory belongs to whoever runs mkfs (mode \
+The image is a log of segments (4 MiB each, whatever the block size) shared by the streams; one operation's \
+transaction must fit in half a segment (larger writes are split); an explicit transaction (`tally \
+atomic`) is bounded by free space. The root directory belongs to whoever runs mkfs (mode \
 0755). `tally mount IMAGE DIR` serves it.
 
 Exit codes: 0 made; 1 I/O error; 2 bad arguments; 3 refused (the target holds data or a file \

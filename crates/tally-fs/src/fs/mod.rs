@@ -44,8 +44,8 @@ mod transactions;
 pub struct MkfsOptions {
     /// Log streams (ordering domains). Operations on a file go to stream `ino % streams`.
     pub streams: u16,
-    /// Blocks per log segment. A transaction (one operation, or an explicit transaction) must
-    /// fit in half a segment.
+    /// Blocks per log segment. One operation's transaction must fit in half a segment (larger
+    /// writes are split); an explicit transaction is bounded by free space (`fs/large.rs`).
     pub segment_blocks: u32,
     /// Identity of the image; random when `None`.
     pub uuid: Option<[u8; 16]>,
