@@ -32,7 +32,7 @@ mkdir -p "$WORK/mnt"
 mount_sys() { # SYS FRESH
   if [ "$1" = ext4 ]; then
     if [ "$2" = 1 ]; then
-      rm -f "$WORK/img"; truncate -s 1G "$WORK/img"; mkfs.ext4 -q -F "$WORK/img"
+      rm -f "$WORK/img"; truncate -s 1G "$WORK/img"; mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$WORK/img"
     fi
     LOOP=$(losetup --direct-io=on -f --show "$WORK/img")
     mount "$LOOP" "$WORK/mnt"

@@ -95,7 +95,7 @@ mount_sys() {
       ;;
     ext4 | bindfs)
       truncate -s 2G "$WORK/img"
-      mkfs.ext4 -q -F "$WORK/img"
+      mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$WORK/img"
       LOOP=$(losetup -f --show "$WORK/img")
       if [ "$1" = ext4 ]; then
         mount "$LOOP" "$WORK/mnt"

@@ -35,7 +35,7 @@ mount_sys() {
   mkdir -p "$WORK/mnt"
   if [ "$1" = ext4 ]; then
     truncate -s 1G "$WORK/img"
-    mkfs.ext4 -q -F "$WORK/img"
+    mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$WORK/img"
     LOOP=$(losetup -f --show "$WORK/img")
     mount "$LOOP" "$WORK/mnt"
   else

@@ -42,7 +42,7 @@ mount_sys() {
   rm -f "$WORK/img" "$WORK/daemon.log"
   if [ "$1" = ext4 ]; then
     truncate -s 2G "$WORK/img"
-    mkfs.ext4 -q -F "$WORK/img"
+    mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$WORK/img"
     LOOP=$(losetup -f --show "$WORK/img")
     mount "$LOOP" "$WORK/mnt"
   else
