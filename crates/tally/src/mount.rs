@@ -486,7 +486,22 @@ fn umount(args: &UmountArgs) -> Result<String, Stop> {
     if fstype != "fuse" && fstype != "fuse.tally" {
         return Err(bad(format!("{} is a {fstype} mount, not a Tally one", dir.display())));
     }
-    tally_fuse::unmount_dir(&dir, args.lazy).map_err(|e| {
+    // The last references to files a process just closed can be dropped a moment after the
+    // close returns (the kernel defers the final release of a file, e.g. one closed by an
+    // exiting thread or an aborted connection's requests): a busy mount is asked again for up
+    // to a second before it is reported busy. CI saw one such EBUSY right after a test closed
+    // its files.
+    let mut tries = 0;
+    let unmounted = loop {
+        match tally_fuse::unmount_dir(&dir, args.lazy) {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 10 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => break other,
+        }
+    };
+    unmounted.map_err(|e| {
         if e.raw_os_error() == Some(libc::EBUSY) {
             io_failure(format!(
                 "{} is busy (open files, or a process inside it): close them, or give --lazy",
