@@ -8,7 +8,8 @@
 
 use std::collections::HashMap;
 
-use crate::engine::{lock, SegmentUsage};
+use crate::api::SegmentUsage;
+use crate::engine::lock;
 use crate::recover::read_transactions;
 use crate::{CommitInfo, Log, LogError, RecoveredTx, Result, Transaction, TxId};
 

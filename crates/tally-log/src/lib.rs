@@ -48,7 +48,11 @@
 //! - after a failed write or flush, every commit fails until the log is reopened (fail-stop).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+mod api;
+mod checkpoint;
 mod clean;
+mod commit;
+mod durable;
 mod engine;
 mod error;
 pub mod format;
@@ -58,10 +62,11 @@ pub mod snapshot;
 mod space;
 mod writeback;
 
-pub use clean::CleanReport;
-pub use engine::{
-    CommitInfo, CommitMode, Log, LogConfig, LogStats, OpenOptions, SegmentUsage, Transaction,
+pub use api::{
+    CommitInfo, CommitMode, LogConfig, LogStats, OpenOptions, SegmentUsage, Transaction,
 };
+pub use clean::CleanReport;
+pub use engine::Log;
 pub use error::{LogError, Result};
 pub use format::body::{Run, RunRole, TxId};
 pub use format::superblock::probe_block_size;

@@ -1,0 +1,390 @@
+//! Committing a transaction: checked, encoded into units, placed at its stream's end (a new
+//! segment when it does not fit), then handed to the write-behind buffer or submitted
+//! (orderless), and waited for as its mode asks. Also large transactions' bookkeeping
+//! (runs) and the space questions the layer above asks before committing.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use tally_media::{IoBuf, Write, WriteFlags};
+
+use crate::api::{CommitInfo, CommitMode, RunAsk, Transaction};
+use crate::engine::{crc_padded, lock, Log, Placed, Stream};
+use crate::format::body::{Body, Run, RunRole, TxId};
+use crate::format::unit::{payload_capacity, UnitHeader, UnitKind, FLAG_CLASSIC};
+use crate::writeback::{Buffered, Due, InFlight};
+use crate::{LogError, Result};
+
+/// A transaction's body encoded, and the blocks it takes.
+pub(crate) struct Encoded {
+    pub body: Vec<u8>,
+    /// Units the body takes (at least one).
+    pub unit_count: u64,
+    pub data_count: u64,
+    /// Blocks placed: units, data, and a classic commit's commit block.
+    pub span: u64,
+    pub record_count: u32,
+}
+
+impl Log {
+    /// Commit `tx` ordered and atomic; returns before it is durable (`CommitMode::Ordered`).
+    ///
+    /// # Errors
+    /// See [`Log::commit_with`].
+    pub fn commit(&self, tx: Transaction) -> Result<CommitInfo> {
+        self.commit_with(tx, CommitMode::Ordered)
+    }
+
+    /// Commit `tx` and return once it and everything it depends on are durable.
+    ///
+    /// # Errors
+    /// See [`Log::commit_with`].
+    pub fn commit_durable(&self, tx: Transaction) -> Result<CommitInfo> {
+        self.commit_with(tx, CommitMode::Count)
+    }
+
+    /// Commit `tx` in `mode`.
+    ///
+    /// # Errors
+    /// [`LogError::Failed`] after an earlier I/O error, [`LogError::NoSpace`],
+    /// [`LogError::TooLarge`], [`LogError::Invalid`] for a bad stream or data block, and I/O
+    /// errors (after which the log is failed).
+    pub fn commit_with(&self, mut tx: Transaction, mode: CommitMode) -> Result<CommitInfo> {
+        self.check_failed()?;
+        self.check_commit(&tx, mode)?;
+        let s = usize::from(tx.stream);
+        let mut enc = self.encode(&mut tx, mode)?;
+        let mut st = self.lock_with_seq(s)?;
+        if let Some(ask) = tx.run {
+            Self::check_run(&st, ask, tx.stream)?;
+        }
+        self.make_room(&mut st, tx.stream, enc.span)?;
+        let header = UnitHeader {
+            kind: UnitKind::Body,
+            flags: if mode == CommitMode::Classic { FLAG_CLASSIC } else { 0 },
+            stream: tx.stream,
+            epoch: st.epoch,
+            seq: st.next_seq,
+            prev_seq: st.last_seq,
+            unit_index: 0,
+            unit_count: enc.unit_count as u32,
+            data_count: tx.data.len() as u32,
+            next_segment: st.next_segment,
+            durable_watermark: st.durable,
+            payload_len: 0,
+        };
+        if let Some(ask) = tx.run {
+            let run = Self::open_run(&mut st, ask, tx.stream, header.seq)?;
+            Body::patch_run(&mut enc.body, run);
+        }
+        let start = self.segment_start(st.segment).saturating_add(u64::from(st.offset));
+        let buf = self.units_and_data(&enc, &header, &tx.data);
+        let info = self.record_placed(&mut st, &header, &enc, start);
+        if mode == CommitMode::Orderless {
+            return self.submit_orderless(st, info, start, buf).map(|()| info);
+        }
+        let seq = header.seq;
+        let due = self.writer.buffer(s, &mut st, Buffered { start, buf, seq, at: Instant::now() });
+        drop(st);
+        match due {
+            // A durable or classic commit is written out by its flush round.
+            _ if self.options.write_behind.is_some() && mode != CommitMode::Ordered => {}
+            Due::Nothing => {}
+            Due::Stream => self.writer.drive(s, u64::MAX)?,
+            Due::Every => self.writer.write_out_all()?,
+        }
+        match mode {
+            CommitMode::Ordered | CommitMode::Orderless => {}
+            CommitMode::Count => self.wait_durable(info.ticket)?,
+            CommitMode::Classic => {
+                self.wait_durable(info.ticket)?;
+                let commit_block = self.encode_commit_block(&header);
+                let at = start + enc.unit_count + tx.data.len() as u64;
+                self.dev
+                    .write_sync(vec![Write::new(at, commit_block)], WriteFlags::FUA)
+                    .map_err(|e| self.fail(e))?;
+            }
+        }
+        Ok(info)
+    }
+
+    /// Refuse what no mode can commit (before anything is placed): an unknown stream, a data
+    /// block larger than a block, counts beyond the format's fields, a large transaction's
+    /// part committed other than ordered or count.
+    pub(crate) fn check_commit(&self, tx: &Transaction, mode: CommitMode) -> Result<()> {
+        if usize::from(tx.stream) >= self.streams.len() {
+            return Err(LogError::Invalid(format!("no stream {}", tx.stream)));
+        }
+        let bs = self.block_size as usize;
+        if let Some(d) = tx.data.iter().find(|d| d.len() > bs) {
+            return Err(LogError::Invalid(format!(
+                "data block of {} bytes > block size {bs}",
+                d.len()
+            )));
+        }
+        if tx.deps.len() > usize::from(u16::MAX)
+            || tx.records.iter().any(|r| r.len() > u32::MAX as usize)
+        {
+            return Err(LogError::Invalid("too many dependencies or record too large".into()));
+        }
+        if tx.run.is_some() && !matches!(mode, CommitMode::Ordered | CommitMode::Count) {
+            return Err(LogError::Invalid(format!(
+                "a large transaction's parts are committed ordered or count, not {}",
+                mode.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Encode `tx`'s body (its dependencies still worth recording, its data blocks' crcs, its
+    /// records, which it takes, and room for its run's place) and size its span; refuse a span
+    /// over a segment.
+    pub(crate) fn encode(&self, tx: &mut Transaction, mode: CommitMode) -> Result<Encoded> {
+        let bs = self.block_size as usize;
+        let deps = if mode == CommitMode::Orderless { Vec::new() } else { self.live_deps(tx) };
+        let data_crcs = tx.data.iter().map(|d| crc_padded(d, bs)).collect();
+        let record_count = u32::try_from(tx.records.len())
+            .map_err(|_| LogError::Invalid("more than 2^32 records".into()))?;
+        // A run's place is known only under the stream lock; the placeholder has its size and
+        // is filled in there (`Body::patch_run`).
+        let placeholder = tx.run.map(|_| Run { role: RunRole::Part, seq: 0, index: 0 });
+        // The records move into the body; the caller needs only the data blocks after this.
+        let records = std::mem::take(&mut tx.records);
+        let body = Body { deps, data_crcs, records, run: placeholder }.encode();
+        let cap = payload_capacity(self.block_size);
+        let unit_count = body.len().div_ceil(cap).max(1) as u64;
+        let data_count = tx.data.len() as u64;
+        let span = unit_count + data_count + u64::from(mode == CommitMode::Classic);
+        if span > u64::from(self.segment_blocks) {
+            return Err(LogError::TooLarge { blocks: span, segment_blocks: self.segment_blocks });
+        }
+        Ok(Encoded { body, unit_count, data_count, span, record_count })
+    }
+
+    /// Lock stream `s` with a sequence number free to take (raising the durable reservation
+    /// first when it is used up).
+    pub(crate) fn lock_with_seq(&self, s: usize) -> Result<std::sync::MutexGuard<'_, Stream>> {
+        let mut st = lock(&self.streams[s]);
+        self.check_failed()?;
+        while st.next_seq >= st.seq_limit {
+            drop(st);
+            self.raise_seq_limit(s)?;
+            st = lock(&self.streams[s]);
+            self.check_failed()?;
+        }
+        Ok(st)
+    }
+
+    /// Move the stream to a fresh segment when `span` blocks do not fit the current one.
+    pub(crate) fn make_room(&self, st: &mut Stream, stream: u16, span: u64) -> Result<()> {
+        if u64::from(st.offset) + span > u64::from(self.segment_blocks) {
+            let next_next = lock(&self.space).alloc().ok_or(LogError::NoSpace { stream })?;
+            st.segment = st.next_segment;
+            st.next_segment = next_next;
+            st.offset = 0;
+            let seg = st.segment;
+            st.chain.push_back(seg);
+        }
+        Ok(())
+    }
+
+    /// The run a part or close at `seq` belongs to, counted in the stream's open runs.
+    pub(crate) fn open_run(st: &mut Stream, ask: RunAsk, stream: u16, seq: u64) -> Result<Run> {
+        Ok(match ask {
+            RunAsk::Begin => {
+                st.runs.insert(seq, 1);
+                Run { role: RunRole::Part, seq, index: 0 }
+            }
+            RunAsk::Part(run) => {
+                let n = st.runs.get_mut(&run).ok_or_else(|| Self::no_run(stream, run))?;
+                let index = *n;
+                *n = n.saturating_add(1);
+                Run { role: RunRole::Part, seq: run, index }
+            }
+            RunAsk::Close(run) => {
+                let parts = st.runs.remove(&run).ok_or_else(|| Self::no_run(stream, run))?;
+                st.last_close = seq;
+                Run { role: RunRole::Close, seq: run, index: parts }
+            }
+        })
+    }
+
+    /// The blocks a transaction writes: its units (the body cut into payloads, each with its
+    /// header) and then its data blocks, zero-padded.
+    pub(crate) fn units_and_data(
+        &self,
+        enc: &Encoded,
+        header: &UnitHeader,
+        data: &[Vec<u8>],
+    ) -> IoBuf {
+        let bs = self.block_size as usize;
+        let cap = payload_capacity(self.block_size);
+        let mut buf = IoBuf::zeroed((enc.unit_count + enc.data_count) as usize * bs);
+        for (i, (chunk, block)) in enc.body.chunks(cap).zip(buf.chunks_exact_mut(bs)).enumerate() {
+            let h = UnitHeader { unit_index: i as u32, payload_len: chunk.len() as u32, ..*header };
+            h.encode_into(&self.uuid, chunk, block);
+        }
+        if enc.body.is_empty() {
+            header.encode_into(&self.uuid, &[], &mut buf[..bs]);
+        }
+        let data_blocks = buf.chunks_exact_mut(bs).skip(enc.unit_count as usize);
+        for (d, block) in data.iter().zip(data_blocks) {
+            block[..d.len()].copy_from_slice(d);
+        }
+        buf
+    }
+
+    /// Advance the stream past the transaction placed at `start` and remember its place.
+    pub(crate) fn record_placed(
+        &self,
+        st: &mut Stream,
+        header: &UnitHeader,
+        enc: &Encoded,
+        start: u64,
+    ) -> CommitInfo {
+        let seq = header.seq;
+        st.offset += enc.span as u32;
+        st.last_seq = seq;
+        st.next_seq = seq + 1;
+        st.placed.push_back(Placed {
+            seq,
+            epoch: st.epoch,
+            clock: self.clock.fetch_add(1, Ordering::SeqCst),
+            end_segment: st.segment,
+            end_offset: st.offset,
+            next_segment: st.next_segment,
+            records: enc.record_count,
+            dead: 0,
+        });
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.placed_blocks.fetch_add(enc.span, Ordering::Relaxed);
+        CommitInfo {
+            ticket: TxId { stream: header.stream, seq },
+            data_start: start + enc.unit_count,
+        }
+    }
+
+    /// Submit an orderless commit outside the stream lock; until its ticket is in `inflight`,
+    /// `direct_submits` keeps a flush round from declaring it durable.
+    pub(crate) fn submit_orderless(
+        &self,
+        mut st: std::sync::MutexGuard<'_, Stream>,
+        info: CommitInfo,
+        start: u64,
+        buf: IoBuf,
+    ) -> Result<()> {
+        let s = usize::from(info.ticket.stream);
+        let blocks = (buf.len() / self.block_size as usize) as u64;
+        st.direct_submits += 1;
+        drop(st);
+        let writes = vec![Write::new(start, buf)];
+        let result = self.dev.submit_stream(info.ticket.stream, writes, WriteFlags::NONE);
+        let mut st = lock(&self.streams[s]);
+        st.direct_submits -= 1;
+        self.stream_cv[s].notify_all();
+        match result {
+            Ok(ticket) => {
+                st.inflight.push(InFlight {
+                    first: info.ticket.seq,
+                    ticket,
+                    ranges: vec![(start, blocks)],
+                });
+                Ok(())
+            }
+            Err(e) => {
+                drop(st);
+                Err(self.fail(e))
+            }
+        }
+    }
+
+    /// Refuse a run request that names no open run of the stream (before anything is placed).
+    pub(crate) fn check_run(st: &Stream, ask: RunAsk, stream: u16) -> Result<()> {
+        match ask {
+            RunAsk::Begin => Ok(()),
+            RunAsk::Part(run) | RunAsk::Close(run) if st.runs.contains_key(&run) => Ok(()),
+            RunAsk::Part(run) | RunAsk::Close(run) => Err(Self::no_run(stream, run)),
+        }
+    }
+
+    pub(crate) fn no_run(stream: u16, run: u64) -> LogError {
+        LogError::Invalid(format!("stream {stream} has no open large transaction {run}"))
+    }
+
+    /// Give up the open large transaction `run` of `stream`: it is never closed, so its parts
+    /// are left out by every recovery (and by cleaning's reads), and checkpoints may pass
+    /// them. Unknown runs are ignored.
+    pub fn abandon_run(&self, stream: u16, run: u64) {
+        if let Some(st) = self.streams.get(usize::from(stream)) {
+            lock(st).runs.remove(&run);
+        }
+    }
+
+    /// The first part of the oldest open large transaction of `stream`, if any: checkpoints
+    /// and cleaning stop before it.
+    pub(crate) fn first_open_run(&self, stream: usize) -> Option<u64> {
+        self.streams.get(stream).and_then(|st| lock(st).runs.keys().next().copied())
+    }
+
+    pub(crate) fn encode_commit_block(&self, header: &UnitHeader) -> IoBuf {
+        let mut block = IoBuf::zeroed(self.block_size as usize);
+        let h = UnitHeader {
+            kind: UnitKind::Commit,
+            unit_index: header.unit_count,
+            payload_len: 0,
+            ..*header
+        };
+        h.encode_into(&self.uuid, &[], &mut block);
+        block
+    }
+
+    /// Dependencies still worth recording: on other streams and not yet durable.
+    pub(crate) fn live_deps(&self, tx: &Transaction) -> Vec<TxId> {
+        let mut deps: Vec<TxId> = tx
+            .deps
+            .iter()
+            .copied()
+            .filter(|d| d.stream != tx.stream)
+            .filter(|d| {
+                self.streams.get(usize::from(d.stream)).is_some_and(|st| lock(st).durable < d.seq)
+            })
+            .collect();
+        deps.sort_unstable();
+        deps.dedup();
+        deps
+    }
+
+    /// Blocks `tx` will take when committed in an ordered or count mode (an upper bound: every
+    /// dependency counted, even those that will be dropped as already durable).
+    pub(crate) fn planned_span(&self, tx: &Transaction) -> u64 {
+        use crate::format::body::{BODY_HEADER_SIZE, DEP_SIZE, RECORD_LEN_SIZE};
+        let body_len = BODY_HEADER_SIZE
+            + if tx.run.is_some() { crate::format::body::RUN_SEQ_SIZE } else { 0 }
+            + tx.deps.len() * DEP_SIZE
+            + tx.data.len() * 4
+            + tx.records.iter().map(|r| RECORD_LEN_SIZE + r.len()).sum::<usize>();
+        let units = body_len.div_ceil(payload_capacity(self.block_size)).max(1);
+        (units + tx.data.len()) as u64
+    }
+
+    /// Whether spans of `spans` blocks, committed in this order on stream `s` now, fit without
+    /// running out of segments.
+    pub(crate) fn room_for(&self, s: usize, spans: &[u64]) -> bool {
+        let st = lock(&self.streams[s]);
+        let free = u64::from(lock(&self.space).free_count());
+        let seg = u64::from(self.segment_blocks);
+        let mut at = u64::from(st.offset);
+        let mut switches = 0;
+        for &span in spans {
+            if span > seg {
+                return false;
+            }
+            if at + span > seg {
+                switches += 1;
+                at = 0;
+            }
+            at += span;
+        }
+        switches <= free
+    }
+}
