@@ -15,7 +15,13 @@
 //! - after an abort (or a failed commit, which aborts) every inode and entry the transaction
 //!   changed is invalidated in the kernel's caches before the ioctl returns, so `stat` and
 //!   `read` show the old state at once;
-//! - `/proc` is read only while a transaction is open; otherwise routing costs one atomic load;
+//! - `/proc` is read only while a transaction is open; otherwise routing costs one atomic load.
+//!   While one is open, a thread's verdict is reused for [`ROUTE_TTL`] unless a transaction
+//!   began or ended meanwhile (reading `/proc/PID/status` for the caller and each ancestor took
+//!   half the daemon's CPU inside `tally atomic -- tar -x`). Sound because a thread id cannot be
+//!   reused that fast (`pid_max` creations would have to happen within it) and a thread's
+//!   ancestry changes only when an ancestor dies (it is reparented): for at most [`ROUTE_TTL`]
+//!   such a thread is still routed as a descendant of the tree it was started in;
 //! - an **atomic write** (F2FS's ioctls, SQLite's batch-atomic commit) is a transaction owned by
 //!   one open file of one regular file and bound to no process: the writes and truncates that
 //!   come through that handle go into it, nothing else does. At most one handle has one on a
@@ -26,8 +32,9 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant};
 
 use fuser::{INodeNo, Notifier};
 use tally_fs::{Fs, FsError, Txn};
@@ -52,6 +59,19 @@ pub enum FuseMutant {
     /// privileges itself and asks `getxattr("security.capability")` before every write (no
     /// inode is ever marked `S_NOSEC`), so a written file costs a round trip per write more.
     NoKillPriv,
+}
+
+/// How long a thread's routing verdict is reused while no transaction begins or ends.
+pub(crate) const ROUTE_TTL: Duration = Duration::from_millis(250);
+
+/// Verdicts cached past this many threads are swept of the expired ones.
+const ROUTE_CACHE_MAX: usize = 4096;
+
+/// Routing verdicts by thread id, valid for one `generation` of the open transactions.
+#[derive(Default)]
+struct RouteCache {
+    generation: u64,
+    verdicts: HashMap<u32, (Instant, Option<Arc<Bound>>)>,
 }
 
 /// Longest parent chain followed when looking for a tree's root (deeper callers are outside).
@@ -116,6 +136,10 @@ pub(crate) struct Txns {
     by_owner: Mutex<HashMap<u64, Arc<Bound>>>,
     /// Open transactions; routing looks at `/proc` only when this is not 0.
     open_count: AtomicUsize,
+    /// Bumped whenever a transaction begins or ends (under the owners' lock): cached routing
+    /// verdicts of an older generation are not used.
+    generation: AtomicU64,
+    route_cache: Mutex<RouteCache>,
     /// Set once the session exists; `None` in unit tests without a kernel.
     notifier: Arc<OnceLock<Notifier>>,
     mutant: Option<FuseMutant>,
@@ -131,13 +155,46 @@ impl Txns {
         self.by_owner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The transaction a request from thread `pid` goes into, if any.
+    /// The transaction a request from thread `pid` goes into, if any: a verdict cached for
+    /// the thread (see the module's invariants), else from `/proc`.
     pub(crate) fn route(&self, pid: u32) -> Option<Arc<Bound>> {
         if self.open_count.load(Ordering::Acquire) == 0
             || self.mutant == Some(FuseMutant::RouteNothing)
         {
             return None;
         }
+        let generation = self.generation.load(Ordering::Acquire);
+        let now = Instant::now();
+        {
+            let cache = self.route_cache.lock().unwrap_or_else(PoisonError::into_inner);
+            if cache.generation == generation {
+                if let Some((at, verdict)) = cache.verdicts.get(&pid) {
+                    if now.saturating_duration_since(*at) < ROUTE_TTL {
+                        return verdict.clone();
+                    }
+                }
+            }
+        }
+        let verdict = self.route_from_proc(pid);
+        let mut cache = self.route_cache.lock().unwrap_or_else(PoisonError::into_inner);
+        // A transaction that began or ended meanwhile may not be in this verdict: keep it only
+        // if the generation it was computed in is still the current one.
+        if self.generation.load(Ordering::Acquire) == generation {
+            if cache.generation != generation {
+                cache.verdicts.clear();
+                cache.generation = generation;
+            }
+            if cache.verdicts.len() >= ROUTE_CACHE_MAX {
+                cache.verdicts.retain(|_, (at, _)| now.saturating_duration_since(*at) < ROUTE_TTL);
+            }
+            cache.verdicts.insert(pid, (now, verdict.clone()));
+        }
+        verdict
+    }
+
+    /// [`Txns::route`] from `/proc`: the caller's thread group and, when a tree is open, its
+    /// ancestors.
+    fn route_from_proc(&self, pid: u32) -> Option<Arc<Bound>> {
         let bound: Vec<Arc<Bound>> = self.owners().values().cloned().collect();
         let trees = bound.iter().any(|b| matches!(b.scope, Scope::Tree(_)));
         let lineage = lineage(pid, if trees { LINEAGE_DEPTH_MAX } else { 1 });
@@ -173,6 +230,7 @@ impl Txns {
         };
         owners.insert(fh, Arc::new(bound));
         self.open_count.fetch_add(1, Ordering::AcqRel);
+        self.generation.fetch_add(1, Ordering::AcqRel);
         tracing::debug!(id, ?scope, fh, "transaction begun");
         Ok(id)
     }
@@ -223,6 +281,7 @@ impl Txns {
         };
         owners.insert(fh, Arc::new(bound));
         self.open_count.fetch_add(1, Ordering::AcqRel);
+        self.generation.fetch_add(1, Ordering::AcqRel);
         tracing::debug!(id, ino, fh, starter, "atomic write started");
         Ok(())
     }
@@ -269,6 +328,7 @@ impl Txns {
     pub(crate) fn end(&self, fs: &Fs, fh: u64, how: End) -> Result<(), Failure> {
         let Some(bound) = self.owners().remove(&fh) else { return Err(FsError::NoTxn.into()) };
         self.open_count.fetch_sub(1, Ordering::AcqRel);
+        self.generation.fetch_add(1, Ordering::AcqRel);
         // Waits for requests running inside it to finish.
         let taken = bound.txn.write().unwrap_or_else(PoisonError::into_inner).take();
         let Some(txn) = taken else { return Err(FsError::NoTxn.into()) };
@@ -288,6 +348,7 @@ impl Txns {
     /// Abort every open transaction (unmount; no kernel left to tell).
     pub(crate) fn abort_all(&self, fs: &Fs) {
         let all: Vec<(u64, Arc<Bound>)> = self.owners().drain().collect();
+        self.generation.fetch_add(1, Ordering::AcqRel);
         for (_, bound) in all {
             self.open_count.fetch_sub(1, Ordering::AcqRel);
             let taken = bound.txn.write().unwrap_or_else(PoisonError::into_inner).take();
@@ -324,6 +385,8 @@ impl Txns {
 
 /// `Tgid` and `PPid` of `/proc/<pid>/status`.
 fn status_of(pid: u32) -> Option<(u32, u32)> {
+    #[cfg(test)]
+    tests::STATUS_READS.fetch_add(1, Ordering::Relaxed);
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let field = |key: &str| {
         text.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.trim().parse::<u32>().ok())
@@ -384,6 +447,39 @@ mod tests {
 
     fn me() -> u32 {
         std::process::id()
+    }
+
+    /// `/proc/PID/status` reads by this process's tests (they run in parallel: compare
+    /// deltas only where no other test of this module can read meanwhile, or bound them).
+    pub(super) static STATUS_READS: std::sync::atomic::AtomicUsize =
+        std::sync::atomic::AtomicUsize::new(0);
+
+    #[test]
+    fn a_verdict_is_reused_until_a_transaction_begins_or_ends_or_it_expires() {
+        let fs = fs();
+        let t = Txns::default();
+        let id = t.begin(&fs, 1, me(), true).unwrap();
+        assert_eq!(t.current(me()), id);
+        let before = STATUS_READS.load(Ordering::Relaxed);
+        for _ in 0..1000 {
+            assert_eq!(t.current(me()), id);
+        }
+        // Without the cache each route reads the caller's and every ancestor's status (1000 x
+        // the depth); other tests running meanwhile read a few hundred at most.
+        let reads = STATUS_READS.load(Ordering::Relaxed) - before;
+        assert!(reads < 500, "{reads} /proc reads for 1000 routes of one thread");
+        // The end is seen at once, not after the verdict's time.
+        t.end(&fs, 1, End::Commit).unwrap();
+        assert_eq!(t.current(me()), 0);
+        // A new transaction too (the cached verdict "none" is of an older generation).
+        let id2 = t.begin(&fs, 2, me(), false).unwrap();
+        assert_eq!(t.current(me()), id2);
+        // An expired verdict is computed again.
+        let before = STATUS_READS.load(Ordering::Relaxed);
+        std::thread::sleep(ROUTE_TTL + Duration::from_millis(20));
+        assert_eq!(t.current(me()), id2);
+        assert!(STATUS_READS.load(Ordering::Relaxed) > before, "an expired verdict was reused");
+        t.end(&fs, 2, End::Abort).unwrap();
     }
 
     #[test]
