@@ -216,14 +216,7 @@ fn mount(image: &Path, mnt: &Path, log: &Path, options: &[&str]) -> (i32, common
     }
     let out = cmd.arg(image).arg(mnt).output().unwrap();
     assert_eq!(code(&out), 0, "{}", text(&out));
-    let stdout = common::stdout(&out);
-    let pid = stdout
-        .split("daemon pid ")
-        .nth(1)
-        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|digits| digits.parse().ok())
-        .unwrap_or_else(|| panic!("no daemon pid in {stdout:?}"));
-    (pid, common::Unmount(mnt.to_path_buf()))
+    (common::daemon_pid(&out), common::Unmount(mnt.to_path_buf()))
 }
 
 /// Wait for `child` up to `within`; its exit code, or `None` if it is still running.

@@ -136,14 +136,18 @@ pub fn mount_daemon(image: &Path, mnt: &Path, log: &Path) -> (Output, Unmount) {
 /// [`mount_daemon`], and the daemon's pid that `tally mount` printed.
 pub fn mount_daemon_pid(image: &Path, mnt: &Path, log: &Path) -> (i32, Unmount) {
     let (out, guard) = mount_daemon(image, mnt, log);
-    let stdout = stdout(&out);
-    let pid = stdout
+    (daemon_pid(&out), guard)
+}
+
+/// The daemon's pid in what `tally mount` printed ("… (daemon pid N, …)").
+pub fn daemon_pid(out: &Output) -> i32 {
+    let stdout = stdout(out);
+    stdout
         .split("daemon pid ")
         .nth(1)
         .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
         .and_then(|digits| digits.parse().ok())
-        .unwrap_or_else(|| panic!("no daemon pid in {stdout:?}"));
-    (pid, guard)
+        .unwrap_or_else(|| panic!("no daemon pid in {stdout:?}"))
 }
 
 /// Kill the daemon `pid` with SIGKILL.
