@@ -166,7 +166,7 @@ impl Fs {
             return Err(FsError::Busy);
         }
         if let Some(e) = &st.failed {
-            return Err(FsError::ReadOnly(e.clone()));
+            return Err(FsError::read_only(e));
         }
         let old = self.log.segment_usage(stream)?.len().saturating_sub(1);
         let mut report = FsCleanReport::default();
@@ -197,7 +197,7 @@ impl Fs {
             return Err(FsError::Busy);
         }
         if let Some(e) = &st.failed {
-            return Err(FsError::ReadOnly(e.clone()));
+            return Err(FsError::read_only(e));
         }
         if self.log.segment_usage(stream)?.len() < 2 {
             return Ok(FsCleanReport::default());
@@ -299,12 +299,15 @@ impl Fs {
         if i != expected.len() {
             // The segment is freed without some relocations: stop before anything else is
             // written over what the DRAM state still points at.
-            let e = format!(
-                "cleaning stream {stream}: the log read {i} of {} transactions",
-                expected.len()
-            );
-            st.failed.get_or_insert_with(|| e.clone());
-            return Err(FsError::Corrupted(e));
+            let e = || {
+                let n = expected.len();
+                FsError::corrupted(
+                    "log cleaning",
+                    format!("stream {stream}: the log read {i} of {n} transactions"),
+                )
+            };
+            st.failed.get_or_insert_with(|| std::sync::Arc::new(e()));
+            return Err(e());
         }
         for k in &seen {
             st.uncount(k);

@@ -58,7 +58,7 @@ mod txn;
 mod types;
 
 pub use clean::{FsCleanReport, MaintainReport, Maintenance};
-pub use error::{FsError, Result};
+pub use error::{FsError, IoCause, Result};
 pub use fs::{
     Fs, MkfsOptions, MountOptions, MountReport, SnapshotOutcome, StreamPolicy, Txn,
     REPLAY_BUDGET_DEFAULT,

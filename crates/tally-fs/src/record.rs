@@ -203,9 +203,12 @@ impl Record {
                 }
                 let version = c.u32()?;
                 if version != FS_VERSION {
-                    return Err(FsError::Corrupted(format!(
-                        "file-system format version {version}, this build reads {FS_VERSION}"
-                    )));
+                    return Err(FsError::corrupted(
+                        "record",
+                        format!(
+                            "file-system format version {version}, this build reads {FS_VERSION}"
+                        ),
+                    ));
                 }
                 Record::Fs { ver, block_size: c.u32()? }
             }
@@ -282,7 +285,7 @@ impl Record {
                 };
                 Record::Xattr { ver, ino, name, value }
             }
-            other => return Err(FsError::Corrupted(format!("unknown record tag {other}"))),
+            other => return Err(bad(&format!("unknown record tag {other}"))),
         };
         if !c.at_end() {
             return Err(bad("trailing bytes after a record"));
@@ -292,7 +295,7 @@ impl Record {
 }
 
 fn bad(what: &str) -> FsError {
-    FsError::Corrupted(what.to_string())
+    FsError::corrupted("record", what)
 }
 
 /// The records' and the snapshot's decoders read through the shared codec: bytes that end
@@ -314,7 +317,7 @@ fn len16(b: &[u8]) -> u16 {
 /// A file kind code.
 fn kind(c: &mut Cursor<'_>) -> Result<FileKind> {
     let code = c.u8()?;
-    FileKind::from_code(code).ok_or_else(|| FsError::Corrupted(format!("bad file kind {code}")))
+    FileKind::from_code(code).ok_or_else(|| bad(&format!("bad file kind {code}")))
 }
 
 #[cfg(test)]

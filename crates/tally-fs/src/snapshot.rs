@@ -196,7 +196,7 @@ fn sorted<K: Ord, V>(m: &HashMap<K, V>) -> Vec<(&K, &V)> {
 }
 
 fn bad(what: &str) -> FsError {
-    FsError::Corrupted(format!("snapshot: {what}"))
+    FsError::corrupted("snapshot", what)
 }
 
 fn key(r: &mut Cursor<'_>) -> Result<Key> {

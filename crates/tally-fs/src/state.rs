@@ -246,7 +246,7 @@ pub(crate) struct State {
     pub barriers: Vec<TxId>,
     pub txns: crate::txn::Txns,
     /// Set after a failed write or flush: every change fails until remount.
-    pub failed: Option<String>,
+    pub failed: Option<std::sync::Arc<FsError>>,
     /// Per stream: the oldest segment last found at least half live, and `dead_blocks` then
     /// (cleaning does not measure it again until it changes or enough data has died).
     pub liveness_checked: HashMap<u16, (u32, u64)>,
@@ -361,8 +361,9 @@ impl State {
             st.count(&key);
             // Bytes from the device: a version or inode number at its maximum has no successor.
             let after = |v: u64, what: &str| {
-                v.checked_add(1)
-                    .ok_or_else(|| FsError::Corrupted(format!("{what} {v} in a record")))
+                v.checked_add(1).ok_or_else(|| {
+                    FsError::corrupted("record", format!("{what} {v} at its maximum"))
+                })
             };
             st.next_ver = st.next_ver.max(after(rec.ver(), "version")?);
             st.next_ino = st.next_ino.max(after(key.owner(), "inode number")?);
@@ -374,10 +375,10 @@ impl State {
             st.apply(rec, tx, data_start, data_count)?;
         }
         if st.fs_ver == 0 {
-            return Err(FsError::Corrupted("no file-system record in the log".into()));
+            return Err(FsError::corrupted("log replay", "no file-system record in the log"));
         }
         if st.inodes.get(&ROOT).is_none_or(|i| i.dir.is_none()) {
-            return Err(FsError::Corrupted("no root directory".into()));
+            return Err(FsError::corrupted("log replay", "no root directory"));
         }
         // Parents of directories, from the entries naming them.
         let mut parents = Vec::new();
@@ -410,7 +411,7 @@ impl State {
                 let inode =
                     self.inodes.entry(ino).or_insert_with(|| Inode::new(attr, Vec::new(), ino));
                 if inode.attr.kind != attr.kind {
-                    return Err(FsError::Corrupted(format!("inode {ino} changed kind")));
+                    return Err(FsError::corrupted("record", format!("inode {ino} changed kind")));
                 }
                 inode.attr = attr;
                 inode.target = target;
@@ -425,7 +426,10 @@ impl State {
                 let key = Key::Dentry(dir, name.clone());
                 let d =
                     self.inodes.get_mut(&dir).and_then(|i| i.dir.as_mut()).ok_or_else(|| {
-                        FsError::Corrupted(format!("entry {name:?} in missing directory {dir}"))
+                        FsError::corrupted(
+                            "record",
+                            format!("entry {name:?} in missing directory {dir}"),
+                        )
                     })?;
                 if ino == 0 {
                     d.remove(&name);
@@ -433,9 +437,10 @@ impl State {
                 } else {
                     // `.` and `..` take cookies 1 and 2; a cookie needs a successor for the next.
                     if cookie < FIRST_COOKIE || cookie == u64::MAX {
-                        return Err(FsError::Corrupted(format!(
-                            "entry {name:?} with cookie {cookie}"
-                        )));
+                        return Err(FsError::corrupted(
+                            "record",
+                            format!("entry {name:?} with cookie {cookie}"),
+                        ));
                     }
                     d.insert(name, Dentry { ino, kind, cookie, ver });
                     self.tombs.remove(&key);
@@ -443,16 +448,15 @@ impl State {
             }
             Record::Extent { ino, block, data, crc, .. } => {
                 let key = Key::Block(ino, block);
-                let inode = self
-                    .inodes
-                    .get_mut(&ino)
-                    .ok_or_else(|| FsError::Corrupted(format!("data of missing inode {ino}")))?;
+                let inode = self.inodes.get_mut(&ino).ok_or_else(|| {
+                    FsError::corrupted("record", format!("data of missing inode {ino}"))
+                })?;
                 if data == DATA_HOLE {
                     inode.blocks.remove(&block);
                     self.tombs.insert(key, ver);
                 } else {
                     if data >= data_count {
-                        return Err(FsError::Corrupted(format!(
+                        return Err(FsError::corrupted("record", format!(
                             "extent of inode {ino} names data block {data} of a transaction with {data_count}"
                         )));
                     }
@@ -469,10 +473,9 @@ impl State {
             }
             Record::Xattr { ino, name, value, .. } => {
                 let key = Key::Xattr(ino, name.clone());
-                let inode = self
-                    .inodes
-                    .get_mut(&ino)
-                    .ok_or_else(|| FsError::Corrupted(format!("xattr of missing inode {ino}")))?;
+                let inode = self.inodes.get_mut(&ino).ok_or_else(|| {
+                    FsError::corrupted("record", format!("xattr of missing inode {ino}"))
+                })?;
                 match value {
                     Some(value) => {
                         inode.xattrs.insert(name, Xattr { value, ver });

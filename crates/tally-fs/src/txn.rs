@@ -63,7 +63,7 @@ pub(crate) struct Fetched {
     pub crc: u32,
     /// The bytes (crc checked), or why they could not be had (a read error or a checksum
     /// mismatch of the block as it still is: `EIO`).
-    pub bytes: std::result::Result<std::sync::Arc<Vec<u8>>, String>,
+    pub bytes: std::result::Result<std::sync::Arc<Vec<u8>>, crate::IoCause>,
 }
 
 impl Fetched {
@@ -438,12 +438,12 @@ impl Cx {
         if block.tx.is_none() {
             // Never made (an uncommitted block always holds its bytes): fetching could only
             // retry forever.
-            return Err(Stop::Err(FsError::Io(format!("block {b} of inode {ino} has no bytes"))));
+            return Err(Stop::Err(FsError::io(crate::IoCause::NoBytes { ino, block: b })));
         }
         match self.fetched.get(&(ino, b)) {
             Some(f) if f.is_of(block) => match &f.bytes {
                 Ok(bytes) => Ok(bytes.clone()),
-                Err(why) => Err(Stop::Err(FsError::Io(why.clone()))),
+                Err(why) => Err(Stop::Err(FsError::io(why.clone()))),
             },
             _ => Err(Stop::Fetch(vec![(ino, b, block.clone())])),
         }

@@ -177,7 +177,7 @@ fn a_device_without_a_file_system_is_refused() {
         &tally_log::LogConfig { streams: 1, segment_blocks: 16, ..Default::default() },
     )
     .unwrap();
-    assert!(matches!(Fs::mount(dev, MountOptions::default()), Err(FsError::Corrupted(_))));
+    assert!(matches!(Fs::mount(dev, MountOptions::default()), Err(FsError::Corrupted { .. })));
 }
 
 /// Everything a user can observe, walked from the root.
@@ -515,7 +515,7 @@ fn a_corrupted_data_block_reads_as_eio_never_as_wrong_data_and_fsck_says_so() {
     )
     .unwrap();
     let fs = mount(&dev);
-    assert!(matches!(fs.read(f.ino, 0, 10), Err(FsError::Io(_))));
+    assert!(matches!(fs.read(f.ino, 0, 10), Err(FsError::Io { .. })));
     assert_eq!(fs.read(f.ino, 4096, 12).unwrap(), b"second block", "other blocks still read");
     let r = fs.fsck();
     assert_eq!(r.problems.len(), 1, "{:?}", r.problems);

@@ -220,7 +220,7 @@ fn a_failed_write_out_is_not_the_committed_writes_error() {
             let part = chunk.clone();
             match promptly("a write", move || fs2.write(None, f, i * part.len() as u64, &part)) {
                 Ok(n) => assert_eq!(n, chunk.len()),
-                Err(FsError::ReadOnly(_)) => {
+                Err(FsError::ReadOnly { .. }) => {
                     // The cache limit counts data (64 MiB); the replay budget the log's blocks,
                     // the writes' records with their data.
                     let least = if budget.is_some() { 64 << 20 } else { 60 << 20 };

@@ -402,7 +402,9 @@ impl TallyFuse {
             Ok(Err(failure)) => {
                 match &failure {
                     Failure::Fs(
-                        e @ (FsError::Io(_) | FsError::ReadOnly(_) | FsError::Corrupted(_)),
+                        e @ (FsError::Io { .. }
+                        | FsError::ReadOnly { .. }
+                        | FsError::Corrupted { .. }),
                     ) => tracing::error!(op, "{e}"),
                     Failure::Fs(e) => tracing::debug!(op, "{e}"),
                     Failure::Unsupported(what) => tracing::debug!(op, "not supported: {what}"),

@@ -1,7 +1,8 @@
 //! The one place where a failure becomes an errno.
 //!
-//! The file system's errors carry their errno ([`FsError::errno`]); the adapter adds only the
-//! few failures it finds itself (a flag it does not support, a request after a panic).
+//! The file system's errors say what happened ([`FsError`]); [`errno`] chooses the errno a
+//! POSIX caller expects for each of them and for the few failures the adapter finds itself (a
+//! flag it does not support, a request after a panic). No other code makes an errno.
 
 use fuser::Errno;
 use tally_fs::FsError;
@@ -28,10 +29,10 @@ impl From<FsError> for Failure {
     }
 }
 
-/// The errno for a failure: the file system's own mapping, nothing else.
+/// The errno for a failure.
 pub(crate) fn errno(failure: &Failure) -> Errno {
     let code = match failure {
-        Failure::Fs(e) => e.errno(),
+        Failure::Fs(e) => fs_errno(e),
         Failure::Unsupported(_) => libc::EOPNOTSUPP,
         Failure::Stopped => libc::EIO,
         Failure::NotWritable => libc::EBADF,
@@ -40,15 +41,66 @@ pub(crate) fn errno(failure: &Failure) -> Errno {
     Errno::from_i32(code)
 }
 
+/// The errno of a file-system error: what ext4 answers for the same condition.
+fn fs_errno(e: &FsError) -> i32 {
+    match e {
+        FsError::NotFound => libc::ENOENT,
+        FsError::Exists => libc::EEXIST,
+        FsError::NotDir => libc::ENOTDIR,
+        FsError::IsDir => libc::EISDIR,
+        FsError::NotEmpty => libc::ENOTEMPTY,
+        FsError::Invalid(_) | FsError::NoTxn => libc::EINVAL,
+        FsError::NameTooLong => libc::ENAMETOOLONG,
+        FsError::NoSpace => libc::ENOSPC,
+        FsError::FileTooBig => libc::EFBIG,
+        FsError::TooManyLinks => libc::EMLINK,
+        FsError::NotPermitted => libc::EPERM,
+        FsError::NotSupported(_) => libc::EOPNOTSUPP,
+        FsError::NoAttr => libc::ENODATA,
+        FsError::Range => libc::ERANGE,
+        FsError::Busy => libc::EBUSY,
+        FsError::ReadOnly { .. } => libc::EROFS,
+        // Io, Corrupted, Poisoned, Log, and whatever a later tally-fs adds: never wrong data.
+        _ => libc::EIO,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use tally_fs::IoCause;
+
     use super::*;
 
     #[test]
     fn file_system_errors_keep_their_errno() {
-        for e in [FsError::NotFound, FsError::Exists, FsError::NotEmpty, FsError::Range] {
-            let want = e.errno();
-            assert_eq!(errno(&Failure::Fs(e)).code(), want);
+        let io = || FsError::io(IoCause::NoBytes { ino: 2, block: 0 });
+        let cases = [
+            (FsError::NotFound, libc::ENOENT),
+            (FsError::Exists, libc::EEXIST),
+            (FsError::NotDir, libc::ENOTDIR),
+            (FsError::IsDir, libc::EISDIR),
+            (FsError::NotEmpty, libc::ENOTEMPTY),
+            (FsError::Invalid("x"), libc::EINVAL),
+            (FsError::NoTxn, libc::EINVAL),
+            (FsError::NameTooLong, libc::ENAMETOOLONG),
+            (FsError::NoSpace, libc::ENOSPC),
+            (FsError::FileTooBig, libc::EFBIG),
+            (FsError::TooManyLinks, libc::EMLINK),
+            (FsError::NotPermitted, libc::EPERM),
+            (FsError::NotSupported("x"), libc::EOPNOTSUPP),
+            (FsError::NoAttr, libc::ENODATA),
+            (FsError::Range, libc::ERANGE),
+            (FsError::Busy, libc::EBUSY),
+            (FsError::Poisoned, libc::EIO),
+            (io(), libc::EIO),
+            (FsError::corrupted("record", "x"), libc::EIO),
+            (FsError::read_only(&Arc::new(io())), libc::EROFS),
+        ];
+        for (e, want) in cases {
+            let shown = e.to_string();
+            assert_eq!(errno(&Failure::Fs(e)).code(), want, "{shown}");
         }
         assert_eq!(errno(&Failure::Unsupported("x")).code(), libc::EOPNOTSUPP);
         assert_eq!(errno(&Failure::Stopped).code(), libc::EIO);

@@ -286,7 +286,7 @@ fn make_fs(dev: Arc<dyn Device>, shown: &str, args: &Args) -> Result<String, Sto
         ..MkfsOptions::default()
     };
     Fs::mkfs(dev.clone(), &opts).map_err(|e| match e {
-        tally_fs::FsError::Io(_) | tally_fs::FsError::ReadOnly(_) => {
+        tally_fs::FsError::Io { .. } | tally_fs::FsError::ReadOnly { .. } => {
             Stop::Io(format!("mkfs on {shown} failed: {e}"))
         }
         // The rest are shapes the log refuses: too small for the streams, too many streams.

@@ -403,7 +403,7 @@ fn serve(image: &Path, dir: &Path, cfg: MountConfig, notify: Notify) -> ExitCode
             );
             return notify.failed(&bad(text));
         }
-        Err(e @ (tally_fs::FsError::Corrupted(_) | tally_fs::FsError::Log(_))) => {
+        Err(e @ (tally_fs::FsError::Corrupted { .. } | tally_fs::FsError::Log(_))) => {
             let text = format!("cannot mount {} (is it a Tally image?): {e}", image.display());
             return notify.failed(&bad(text));
         }

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tally_fs::{
-    FileKind, Fs, FsError, FsMutant, Ino, MkfsOptions, MountOptions, Owner, RenameFlags, SetAttr,
-    XattrSet, ROOT,
+    FileKind, Fs, FsError, FsMutant, Ino, IoCause, MkfsOptions, MountOptions, Owner, RenameFlags,
+    SetAttr, XattrSet, ROOT,
 };
 use tally_media::{Device, Geometry, Image, MemDevice};
 
@@ -836,7 +836,7 @@ fn exec(
         MOp::Write { ino: f, off, data } => {
             let n = fs.write(txn, ino(f)?, *off, data)?;
             if n != data.len() {
-                return Err(FsError::Io(format!("short write: {n} of {}", data.len())));
+                return Err(FsError::io(IoCause::ShortWrite { written: n, len: data.len() }));
             }
         }
         MOp::SetSize { ino: f, size } => {

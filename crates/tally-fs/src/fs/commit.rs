@@ -129,8 +129,8 @@ impl Fs {
     pub(crate) fn log_commit_part(&self, st: &mut State, tx: Transaction) -> Result<CommitInfo> {
         self.log.commit(tx).map_err(|e| {
             let e = FsError::from(e);
-            if let FsError::ReadOnly(m) | FsError::Io(m) = &e {
-                st.failed = Some(m.clone());
+            if let Some(first) = e.stops_writes() {
+                st.failed = Some(first);
             }
             e
         })

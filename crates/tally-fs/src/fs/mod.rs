@@ -273,7 +273,7 @@ impl Fs {
                 Ok(st) => from_snapshot = Some(st),
                 Err(e) if recovery.snapshot_is_checkpoint => {
                     // The log vouched for its bytes: the state cannot be rebuilt without it.
-                    return Err(FsError::Corrupted(format!("checkpoint snapshot: {e}")));
+                    return Err(FsError::corrupted("checkpoint snapshot", e.to_string()));
                 }
                 Err(e) => {
                     // The log still holds everything the snapshot described: scan it.
@@ -313,10 +313,10 @@ impl Fs {
             .collect();
         let bs = log.device().geometry().block_size;
         if st.block_size != bs {
-            return Err(FsError::Corrupted(format!(
-                "made with {}-byte blocks, device has {bs}",
-                st.block_size
-            )));
+            return Err(FsError::corrupted(
+                "block size",
+                format!("made with {}-byte blocks, device has {bs}", st.block_size),
+            ));
         }
         st.block_size = bs;
         let segment_blocks = log.segment_blocks();
@@ -372,7 +372,7 @@ impl Fs {
 
     fn checkpoint_locked(&self, st: &mut State) -> Result<bool> {
         if let Some(e) = &st.failed {
-            return Err(FsError::ReadOnly(e.clone()));
+            return Err(FsError::read_only(e));
         }
         if !st.txns.open.is_empty() {
             return Ok(false);
@@ -457,7 +457,7 @@ impl Fs {
         let payload = {
             let mut st = lock(&self.state)?;
             if let Some(e) = &st.failed {
-                return Err(FsError::ReadOnly(e.clone()));
+                return Err(FsError::read_only(e));
             }
             self.prune_cache(&mut st);
             crate::snapshot::encode(&st)
@@ -528,7 +528,7 @@ impl Fs {
         let mut cleaned = false;
         loop {
             if let Some(e) = &st.failed {
-                return Err(FsError::ReadOnly(e.clone()));
+                return Err(FsError::read_only(e));
             }
             let id = txn.map(|t| t.id);
             if let Some(id) = id {
@@ -681,7 +681,7 @@ impl Fs {
         let segments = self.log.device().geometry().block_count / u64::from(self.segment_blocks);
         let mut st = lock(&self.state)?;
         if let Some(e) = &st.failed {
-            return Err(FsError::ReadOnly(e.clone()));
+            return Err(FsError::read_only(e));
         }
         for _ in 0..segments {
             if !self.cleaning_due(&mut st) {
@@ -712,18 +712,18 @@ impl Fs {
     /// [`Fs::fail`] with the state lock held.
     pub(crate) fn fail_locked(st: &mut State, e: LogError) -> FsError {
         let e = FsError::from(e);
-        if let FsError::ReadOnly(m) | FsError::Io(m) = &e {
-            st.failed.get_or_insert_with(|| m.clone());
+        if let Some(first) = e.stops_writes() {
+            st.failed.get_or_insert(first);
         }
         e
     }
 
     pub(crate) fn fail(&self, e: LogError) -> FsError {
         let e = FsError::from(e);
-        if let FsError::ReadOnly(m) | FsError::Io(m) = &e {
+        if let Some(first) = e.stops_writes() {
             // Poisoned: already stopped harder than read-only.
             if let Ok(mut st) = lock(&self.state) {
-                st.failed.get_or_insert_with(|| m.clone());
+                st.failed.get_or_insert(first);
             }
         }
         e

@@ -158,7 +158,7 @@ impl Fs {
             match self.fetch_block(ino, b, &block) {
                 Ok(bytes) => return Ok(Some(bytes)),
                 Err(why) if failed_at == Some((block.addr, block.ver, block.crc)) => {
-                    return Err(FsError::Io(why));
+                    return Err(FsError::io(why));
                 }
                 Err(_) => failed_at = Some((block.addr, block.ver, block.crc)),
             }
@@ -172,17 +172,14 @@ impl Fs {
         ino: Ino,
         b: u64,
         block: &Block,
-    ) -> std::result::Result<Arc<Vec<u8>>, String> {
+    ) -> std::result::Result<Arc<Vec<u8>>, crate::IoCause> {
         if let Some(d) = &block.data {
             return Ok(d.clone());
         }
         let mut buf = vec![0u8; self.bs as usize];
-        self.log.device().read(block.addr, &mut buf).map_err(|e| e.to_string())?;
+        self.log.device().read(block.addr, &mut buf).map_err(|e| crate::IoCause::from(&e))?;
         if crc32c::crc32c(&buf) != block.crc {
-            return Err(format!(
-                "checksum mismatch in block {b} of inode {ino} (device block {})",
-                block.addr
-            ));
+            return Err(crate::IoCause::Checksum { ino, block: b, addr: block.addr });
         }
         Ok(Arc::new(buf))
     }

@@ -86,7 +86,7 @@ impl Fs {
     pub fn begin(&self) -> Result<Txn> {
         let mut st = lock(&self.state)?;
         if let Some(e) = &st.failed {
-            return Err(FsError::ReadOnly(e.clone()));
+            return Err(FsError::read_only(e));
         }
         // The last chance to clean before this transaction's writes need space: operations
         // inside a transaction never clean (liveness is judged on what is on media), and a
