@@ -240,63 +240,11 @@ impl Log {
         // checkpoints (`sb`), so the log still holds everything from them on.
         let eff = effective_superblock(&sb, base.as_ref());
         let ctx = Ctx { dev: &*dev, sb: &eff, options, stop_after_seq: u64::MAX };
-        // Streams are scanned in parallel, one thread each, when the log is large enough for
-        // that to pay; a small log is scanned faster than a thread starts.
-        let log_blocks = u64::from(sb.segment_count).saturating_mul(u64::from(sb.segment_blocks));
-        let parallel = sb.streams.len() > 1 && log_blocks >= PARALLEL_SCAN_BLOCKS_MIN;
-        // The superblock's stream count is a u16 field.
-        let stream_count = u16::try_from(sb.streams.len())
-            .map_err(|_| corrupted("superblock", 0, "more than 2^16 streams"))?;
-        let scans: Vec<Result<Scan>> = if !parallel {
-            (0..stream_count).map(|s| scan_stream(&ctx, s)).collect()
-        } else {
-            std::thread::scope(|scope| {
-                let handles: Vec<_> = (0..stream_count)
-                    .map(|s| {
-                        let ctx = &ctx;
-                        scope.spawn(move || scan_stream(ctx, s))
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| {
-                        h.join().unwrap_or_else(|_| {
-                            Err(LogError::Invalid("scan thread panicked".into()))
-                        })
-                    })
-                    .collect()
-            })
-        };
-        let mut scans = scans.into_iter().collect::<Result<Vec<Scan>>>()?;
-        if !ctx.mutant(Mutant::NoDependencyClosure) {
-            close_dependencies(&eff, &mut scans);
-        }
-        for (scan, root) in scans.iter_mut().zip(&eff.streams) {
-            let keep = ctx.mutant(Mutant::RunUnclosedKept);
-            settle_runs(&mut scan.txs, root.checkpoint_seq, keep);
-        }
+        let mut scans = scan_streams(&ctx)?;
+        settle_scans(&ctx, &mut scans);
         let scan_time = started.elapsed();
         let blocks_scanned = scans.iter().fold(0u64, |n, s| n.saturating_add(s.blocks));
-        let damage = find_damage(&ctx, &scans)?;
-        if let Some(d) = damage.first() {
-            if !options.salvage && !ctx.mutant(Mutant::WatermarkIgnored) {
-                return Err(LogError::DurableTransactionLost {
-                    stream: d.stream,
-                    kept_seq: d.kept_seq,
-                    block: d.block,
-                    proven_seq: d.proven_seq,
-                });
-            }
-            for d in &damage {
-                tracing::warn!(
-                    stream = d.stream,
-                    kept_seq = d.kept_seq,
-                    proven_seq = d.proven_seq,
-                    dropped = ?d.dropped_seqs,
-                    "salvage: dropping transactions proven durable"
-                );
-            }
-        }
+        let damage = check_damage(&ctx, &scans)?;
 
         // What a crash now would replay: the chains from where the scan started.
         let replayable = scans
@@ -304,29 +252,9 @@ impl Log {
             .zip(&eff.streams)
             .map(|(scan, root)| chain_blocks(&eff, scan.chain.len(), root, scan.end_offset))
             .fold(0u64, u64::saturating_add);
-        // The snapshot's part of each chain before what was scanned after it.
-        let mut prefixes: Vec<VecDeque<Placed>> = Vec::with_capacity(scans.len());
-        let mut snapshot_segments: Vec<u32> =
-            sb.snapshot.filter(|_| !ctx.mutant(Mutant::SnapshotKept)).into_iter().collect();
-        let mut payload = None;
-        let mut blocks_scanned = blocks_scanned;
-        if let Some(found) = base {
-            snapshot_segments = found.segments;
-            payload = Some(found.payload);
-            blocks_scanned = blocks_scanned.saturating_add(found.blocks);
-            for (scan, restored) in scans.iter_mut().zip(found.streams) {
-                let Some(r) = restored else {
-                    prefixes.push(VecDeque::new());
-                    continue;
-                };
-                // The restored chain ends in the segment the scan started in.
-                let mut chain: Vec<u32> = r.chain.iter().copied().collect();
-                chain.pop();
-                chain.append(&mut scan.chain);
-                scan.chain = chain;
-                prefixes.push(r.placed);
-            }
-        }
+        let joined = join_snapshot(&ctx, &sb, base, &mut scans);
+        let JoinedSnapshot { prefixes, mut snapshot_segments, payload, .. } = joined;
+        let blocks_scanned = blocks_scanned.saturating_add(joined.blocks);
         // Every stream's chain, each segment held once, checked before anything is written.
         let chains = claim_chains(&ctx, &scans, &snapshot_segments)?;
         // New epoch for every stream, durable before any new write.
@@ -346,59 +274,8 @@ impl Log {
                 "generation u64::MAX cannot be incremented",
             ));
         }
-        let mut streams = Vec::with_capacity(scans.len());
-        let mut report = Vec::with_capacity(scans.len());
-        let mut roots = Vec::with_capacity(scans.len());
-        let mut used = Vec::new();
-        let mut seals = Vec::new();
-        let mut prefixes = prefixes.into_iter();
-        for (s, ((scan, chain), (&root, &eff_root))) in
-            scans.into_iter().zip(chains).zip(sb.streams.iter().zip(&eff.streams)).enumerate()
-        {
-            let tail = scan.txs.last().map_or(eff_root.checkpoint_seq, |t| t.0.id.seq);
-            let new_root =
-                if bump { next_root(&ctx, root, tail, scan.max_seq_seen, s)? } else { root };
-            let mut placed = prefixes.next().unwrap_or_default();
-            placed.extend(scan.txs.iter().map(|t| t.1));
-            roots.push(new_root);
-            let next_seq = if bump { new_root.resume_seq } else { tail.saturating_add(1) };
-            used.extend(chain.iter().copied());
-            used.push(scan.next_segment);
-            if !ctx.mutant(Mutant::NoTailSeal) {
-                if scan.end_offset < sb.segment_blocks {
-                    seals.push(block_in(&sb, scan.end_segment, scan.end_offset)?);
-                }
-                seals.push(block_in(&sb, scan.next_segment, 0)?);
-            }
-            streams.push(Stream {
-                epoch: new_root.epoch,
-                last_seq: tail,
-                next_seq,
-                seq_limit: if bump { new_root.seq_limit } else { u64::MAX },
-                segment: scan.end_segment,
-                offset: if ctx.mutant(Mutant::ResumeOverwritesTail) && !scan.txs.is_empty() {
-                    scan.end_offset.saturating_sub(1)
-                } else {
-                    scan.end_offset
-                },
-                next_segment: scan.next_segment,
-                chain,
-                placed,
-                pending: Vec::new(),
-                submitting: false,
-                direct_submits: 0,
-                inflight: Vec::new(),
-                durable: tail,
-                runs: std::collections::BTreeMap::new(),
-                last_close: 0,
-            });
-            report.push(StreamRecovery {
-                txs: scan.txs.into_iter().map(|t| t.0).collect(),
-                cut_by_dependency: scan.cut_seqs.len(),
-                checkpoint_seq: root.checkpoint_seq,
-                epoch: new_root.epoch,
-            });
-        }
+        let resumed = resume_streams(&ctx, &sb, scans, chains, prefixes, bump)?;
+        let Resumed { streams, report, roots, mut used, seals } = resumed;
         new_sb.streams = roots;
         // Seals, and whatever the scan read from the device's volatile cache, durable before
         // the superblock that vouches for them (module docs, 1 and 3).
@@ -499,6 +376,200 @@ impl Log {
             },
         ))
     }
+}
+
+/// Step 1 of [`Log::open`]: every stream's chain scanned from where `ctx.sb` says it starts.
+/// Streams are scanned in parallel, one thread each, when the log is large enough for that to
+/// pay; a small log is scanned faster than a thread starts.
+fn scan_streams(ctx: &Ctx<'_>) -> Result<Vec<Scan>> {
+    let sb = ctx.sb;
+    let log_blocks = u64::from(sb.segment_count).saturating_mul(u64::from(sb.segment_blocks));
+    let parallel = sb.streams.len() > 1 && log_blocks >= PARALLEL_SCAN_BLOCKS_MIN;
+    // The superblock's stream count is a u16 field.
+    let stream_count = u16::try_from(sb.streams.len())
+        .map_err(|_| corrupted("superblock", 0, "more than 2^16 streams"))?;
+    let scans: Vec<Result<Scan>> = if !parallel {
+        (0..stream_count).map(|s| scan_stream(ctx, s)).collect()
+    } else {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> =
+                (0..stream_count).map(|s| scope.spawn(move || scan_stream(ctx, s))).collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(LogError::Invalid("scan thread panicked".into())))
+                })
+                .collect()
+        })
+    };
+    scans.into_iter().collect()
+}
+
+/// Step 2 of [`Log::open`]: survivors whose dependencies did not survive are cut (to a
+/// fixpoint), and large transactions not closed before a crash are dropped.
+fn settle_scans(ctx: &Ctx<'_>, scans: &mut [Scan]) {
+    if !ctx.mutant(Mutant::NoDependencyClosure) {
+        close_dependencies(ctx.sb, scans);
+    }
+    for (scan, root) in scans.iter_mut().zip(&ctx.sb.streams) {
+        let keep = ctx.mutant(Mutant::RunUnclosedKept);
+        settle_runs(&mut scan.txs, root.checkpoint_seq, keep);
+    }
+}
+
+/// Step 3 of [`Log::open`]: what the log proved durable and is missing. An error unless the
+/// caller asked to salvage (then each loss is logged and reported).
+fn check_damage(ctx: &Ctx<'_>, scans: &[Scan]) -> Result<Vec<Damage>> {
+    let damage = find_damage(ctx, scans)?;
+    if let Some(d) = damage.first() {
+        if !ctx.options.salvage && !ctx.mutant(Mutant::WatermarkIgnored) {
+            return Err(LogError::DurableTransactionLost {
+                stream: d.stream,
+                kept_seq: d.kept_seq,
+                block: d.block,
+                proven_seq: d.proven_seq,
+            });
+        }
+        for d in &damage {
+            tracing::warn!(
+                stream = d.stream,
+                kept_seq = d.kept_seq,
+                proven_seq = d.proven_seq,
+                dropped = ?d.dropped_seqs,
+                "salvage: dropping transactions proven durable"
+            );
+        }
+    }
+    Ok(damage)
+}
+
+/// What [`join_snapshot`] gives back.
+struct JoinedSnapshot {
+    /// Per stream, the snapshot's part of its chain before what was scanned after it.
+    prefixes: Vec<VecDeque<Placed>>,
+    /// The snapshot's own segments (kept while it is the checkpoint snapshot).
+    snapshot_segments: Vec<u32>,
+    /// The checkpoint snapshot's payload, if there is one.
+    payload: Option<Vec<u8>>,
+    /// Blocks read for the snapshot.
+    blocks: u64,
+}
+
+/// Step 4 of [`Log::open`]: with a checkpoint snapshot (`base`), each stream's chain is the
+/// snapshot's chain followed by what was scanned after it.
+fn join_snapshot(
+    ctx: &Ctx<'_>,
+    sb: &Superblock,
+    base: Option<crate::snapshot::Found>,
+    scans: &mut [Scan],
+) -> JoinedSnapshot {
+    let mut prefixes: Vec<VecDeque<Placed>> = Vec::with_capacity(scans.len());
+    let snapshot_segments: Vec<u32> =
+        sb.snapshot.filter(|_| !ctx.mutant(Mutant::SnapshotKept)).into_iter().collect();
+    let Some(found) = base else {
+        return JoinedSnapshot { prefixes, snapshot_segments, payload: None, blocks: 0 };
+    };
+    for (scan, restored) in scans.iter_mut().zip(found.streams) {
+        let Some(r) = restored else {
+            prefixes.push(VecDeque::new());
+            continue;
+        };
+        // The restored chain ends in the segment the scan started in.
+        let mut chain: Vec<u32> = r.chain.iter().copied().collect();
+        chain.pop();
+        chain.append(&mut scan.chain);
+        scan.chain = chain;
+        prefixes.push(r.placed);
+    }
+    JoinedSnapshot {
+        prefixes,
+        snapshot_segments: found.segments,
+        payload: Some(found.payload),
+        blocks: found.blocks,
+    }
+}
+
+/// What [`resume_streams`] gives back.
+struct Resumed {
+    /// The running state of each stream.
+    streams: Vec<Stream>,
+    /// What recovery found in each stream.
+    report: Vec<StreamRecovery>,
+    /// The superblock's new root of each stream.
+    roots: Vec<StreamRoot>,
+    /// Segments in use.
+    used: Vec<u32>,
+    /// Blocks to zero where a successor of a recovered tail could start (module docs, 1).
+    seals: Vec<u64>,
+}
+
+/// Step 5 of [`Log::open`]: each stream resumes after its recovered tail — its new root (a
+/// new epoch when `bump`), its running state, its report, the segments it holds and the
+/// blocks that seal its tail. `sb` is the real superblock, `ctx.sb` the one the scan saw.
+fn resume_streams(
+    ctx: &Ctx<'_>,
+    sb: &Superblock,
+    scans: Vec<Scan>,
+    chains: Vec<VecDeque<u32>>,
+    prefixes: Vec<VecDeque<Placed>>,
+    bump: bool,
+) -> Result<Resumed> {
+    let mut out = Resumed {
+        streams: Vec::with_capacity(scans.len()),
+        report: Vec::with_capacity(scans.len()),
+        roots: Vec::with_capacity(scans.len()),
+        used: Vec::new(),
+        seals: Vec::new(),
+    };
+    let mut prefixes = prefixes.into_iter();
+    for (s, ((scan, chain), (&root, &eff_root))) in
+        scans.into_iter().zip(chains).zip(sb.streams.iter().zip(&ctx.sb.streams)).enumerate()
+    {
+        let tail = scan.txs.last().map_or(eff_root.checkpoint_seq, |t| t.0.id.seq);
+        let new_root = if bump { next_root(ctx, root, tail, scan.max_seq_seen, s)? } else { root };
+        let mut placed = prefixes.next().unwrap_or_default();
+        placed.extend(scan.txs.iter().map(|t| t.1));
+        out.roots.push(new_root);
+        let next_seq = if bump { new_root.resume_seq } else { tail.saturating_add(1) };
+        out.used.extend(chain.iter().copied());
+        out.used.push(scan.next_segment);
+        if !ctx.mutant(Mutant::NoTailSeal) {
+            if scan.end_offset < sb.segment_blocks {
+                out.seals.push(block_in(sb, scan.end_segment, scan.end_offset)?);
+            }
+            out.seals.push(block_in(sb, scan.next_segment, 0)?);
+        }
+        out.streams.push(Stream {
+            epoch: new_root.epoch,
+            last_seq: tail,
+            next_seq,
+            seq_limit: if bump { new_root.seq_limit } else { u64::MAX },
+            segment: scan.end_segment,
+            offset: if ctx.mutant(Mutant::ResumeOverwritesTail) && !scan.txs.is_empty() {
+                scan.end_offset.saturating_sub(1)
+            } else {
+                scan.end_offset
+            },
+            next_segment: scan.next_segment,
+            chain,
+            placed,
+            pending: Vec::new(),
+            submitting: false,
+            direct_submits: 0,
+            inflight: Vec::new(),
+            durable: tail,
+            runs: std::collections::BTreeMap::new(),
+            last_close: 0,
+        });
+        out.report.push(StreamRecovery {
+            txs: scan.txs.into_iter().map(|t| t.0).collect(),
+            cut_by_dependency: scan.cut_seqs.len(),
+            checkpoint_seq: root.checkpoint_seq,
+            epoch: new_root.epoch,
+        });
+    }
+    Ok(out)
 }
 
 /// The segments each stream's chain holds after the scan (those of its survivors, from its
