@@ -54,6 +54,12 @@ const PER_RECORD: u64 = 4;
 /// Relocated keys of one pack and, for data, the block's index in it.
 type Moved = Vec<(Key, Option<u32>)>;
 
+/// Packs, each with the last old transaction it carries records of.
+type Packs = Vec<(TxId, Pack)>;
+
+/// What the packs handed with each old transaction moved, in their order.
+type MovedBy = HashMap<TxId, std::collections::VecDeque<Moved>>;
+
 /// One packed relocation: the live records (and data blocks) of consecutive old transactions.
 struct Pack {
     t: Transaction,
@@ -217,14 +223,41 @@ impl Fs {
         read: Option<(u32, Vec<tally_log::RecoveredTx>)>,
     ) -> Result<FsCleanReport> {
         let mut report = FsCleanReport::default();
-        let oldest = self.log.segment_usage(stream)?.first().map(|u| u.segment);
-        let txs = match read {
-            Some((segment, txs)) if Some(segment) == oldest => txs,
-            _ => match self.log.oldest_segment_transactions(stream)? {
-                Some((_, txs)) => txs,
-                None => return Ok(report),
-            },
+        let Some(txs) = self.oldest_transactions(stream, read)? else {
+            return Ok(report);
         };
+        let (packs, seen) = self.pack_live(st, stream, &txs, &mut report)?;
+        let (log_report, moved) = self.relocate_packs(st, stream, &txs, packs)?;
+        Self::account_relocations(st, seen, &log_report, moved, &mut report);
+        report.log = log_report;
+        Ok(report)
+    }
+
+    /// Step 1 of [`Fs::clean_oldest`]: the transactions of `stream`'s oldest segment — `read`
+    /// when it is still that segment's, else read again; `None` when the chain holds only the
+    /// current segment.
+    fn oldest_transactions(
+        &self,
+        stream: u16,
+        read: Option<(u32, Vec<tally_log::RecoveredTx>)>,
+    ) -> Result<Option<Vec<tally_log::RecoveredTx>>> {
+        let oldest = self.log.segment_usage(stream)?.first().map(|u| u.segment);
+        Ok(match read {
+            Some((segment, txs)) if Some(segment) == oldest => Some(txs),
+            _ => self.log.oldest_segment_transactions(stream)?.map(|(_, txs)| txs),
+        })
+    }
+
+    /// Step 2 of [`Fs::clean_oldest`]: the live records of `txs` packed into transactions of
+    /// at most [`PACK_BLOCKS`], each cut to the blocks left in the segment it will land in,
+    /// each with the last old transaction it carries records of; and every key read.
+    fn pack_live(
+        &self,
+        st: &mut State,
+        stream: u16,
+        txs: &[tally_log::RecoveredTx],
+        report: &mut FsCleanReport,
+    ) -> Result<(Packs, Vec<Key>)> {
         let bs = u64::from(self.bs);
         let limit = self.pack_blocks();
         let seg_blocks = u64::from(self.segment_blocks);
@@ -240,8 +273,8 @@ impl Fs {
         // an old transaction's records may be cut across packs (`Log::clean_split`).
         let mut packs: Vec<(TxId, Pack)> = Vec::new();
         let mut open = Pack::new(stream);
-        for rtx in &txs {
-            let live = self.live_of(st, rtx, tombstones_kept, &mut seen, &mut report)?;
+        for rtx in txs {
+            let live = self.live_of(st, rtx, tombstones_kept, &mut seen, report)?;
             for (key, rec, block) in live {
                 let bytes = PER_RECORD + rec.encode().len() as u64;
                 // A pack is cut to the blocks left in the segment it will land in, so packs
@@ -276,9 +309,24 @@ impl Fs {
         if let Some(last) = open.last {
             packs.push((last, open));
         }
+        Ok((packs, seen))
+    }
+
+    /// Step 3 of [`Fs::clean_oldest`]: the packs handed to the log, which re-commits them,
+    /// makes them durable and frees the segment; with what each pack moved, by the old
+    /// transaction it was handed with. The log must clean exactly `txs`: if it read fewer,
+    /// the file system stops (read-only) before anything else is written over what the DRAM
+    /// state still points at.
+    fn relocate_packs(
+        &self,
+        st: &mut State,
+        stream: u16,
+        txs: &[tally_log::RecoveredTx],
+        packs: Packs,
+    ) -> Result<(tally_log::CleanReport, MovedBy)> {
         let expected: Vec<TxId> = txs.iter().map(|t| t.id).collect();
         let mut handed: HashMap<TxId, Vec<Transaction>> = HashMap::new();
-        let mut moved: HashMap<TxId, std::collections::VecDeque<Moved>> = HashMap::new();
+        let mut moved: MovedBy = HashMap::new();
         for (at, p) in packs {
             handed.entry(at).or_default().push(p.t);
             moved.entry(at).or_default().push_back(p.moved);
@@ -309,6 +357,19 @@ impl Fs {
             st.failed.get_or_insert_with(|| std::sync::Arc::new(e()));
             return Err(e());
         }
+        Ok((log_report, moved))
+    }
+
+    /// Step 4 of [`Fs::clean_oldest`]: the DRAM state follows the move — every key read is
+    /// counted again where it now is (relocated data blocks get their new address and
+    /// transaction), and tombstones of keys no longer in the log are forgotten.
+    fn account_relocations(
+        st: &mut State,
+        seen: Vec<Key>,
+        log_report: &tally_log::CleanReport,
+        mut moved: MovedBy,
+        report: &mut FsCleanReport,
+    ) {
         for k in &seen {
             st.uncount(k);
         }
@@ -334,8 +395,6 @@ impl Fs {
                 }
             }
         }
-        report.log = log_report;
-        Ok(report)
     }
 
     /// The live records of `rtx`, with the data blocks of live extents read (and checked).
