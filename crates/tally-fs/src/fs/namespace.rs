@@ -351,42 +351,12 @@ impl Fs {
         if flags.noreplace && flags.exchange {
             return Err(FsError::Invalid("RENAME_NOREPLACE with RENAME_EXCHANGE"));
         }
+        let at = RenameAt { parent, name, new_parent, new_name };
         self.op(txn, parent, false, |st, cx| {
             let src = st.dir(parent)?.entries.get(name).cloned().ok_or(FsError::NotFound)?;
             let dst = st.dir(new_parent)?.entries.get(new_name).cloned();
-            if src.kind == FileKind::Dir && Self::within(st, new_parent, src.ino) {
-                return Err(FsError::Invalid("a directory cannot move into its own subtree").into());
-            }
-            if let Some(dst) = &dst {
-                if flags.noreplace {
-                    return Err(FsError::Exists.into());
-                }
-                if flags.exchange && dst.kind == FileKind::Dir && Self::within(st, parent, dst.ino)
-                {
-                    return Err(
-                        FsError::Invalid("a directory cannot move into its own subtree").into()
-                    );
-                }
-                if dst.ino == src.ino && !flags.exchange {
-                    // Two links to one inode: nothing to do, as POSIX has it — once neither name
-                    // is held by an open transaction, whose abort could remove it and leave
-                    // this `Ok` a rename that never happened.
-                    cx.unheld(st, &Key::Dentry(parent, name.to_vec()))?;
-                    cx.unheld(st, &Key::Dentry(new_parent, new_name.to_vec()))?;
-                    return Ok(());
-                }
-                if !flags.exchange {
-                    match (src.kind == FileKind::Dir, dst.kind == FileKind::Dir) {
-                        (true, false) => return Err(FsError::NotDir.into()),
-                        (false, true) => return Err(FsError::IsDir.into()),
-                        (true, true) if !st.dir(dst.ino)?.entries.is_empty() => {
-                            return Err(FsError::NotEmpty.into())
-                        }
-                        _ => {}
-                    }
-                }
-            } else if flags.exchange {
-                return Err(FsError::NotFound.into());
+            if Self::rename_allowed(st, cx, &at, &src, dst.as_ref(), flags)? == Allowed::Nothing {
+                return Ok(());
             }
             let now = Timespec::now();
             cx.dentry(st, parent, name)?;
@@ -397,51 +367,11 @@ impl Fs {
             if self.mutant == Some(FsMutant::RenameSplit) {
                 cx.split = [Key::Dentry(parent, name.to_vec()), Key::Inode(parent)].into();
             }
-            let moved_dir =
-                |st: &mut State, cx: &mut Cx, ino: Ino, from: Ino, to: Ino| -> OpResult<()> {
-                    if from != to {
-                        cx.parent(st, ino)?;
-                        st.dir_mut(ino)?.parent = to;
-                        let f = st.inode_mut(from)?;
-                        f.attr.nlink = f.attr.nlink.saturating_sub(1);
-                        st.inode_mut(to)?.attr.nlink += 1;
-                    }
-                    Ok(())
-                };
             match dst {
                 Some(dst) if flags.exchange => {
-                    cx.inode(st, dst.ino)?;
-                    let c1 = st.dir_mut(new_parent)?.next_cookie;
-                    st.dir_mut(new_parent)?
-                        .insert(new_name.to_vec(), Dentry { cookie: c1, ver: 0, ..src.clone() });
-                    let c2 = st.dir_mut(parent)?.next_cookie;
-                    st.dir_mut(parent)?
-                        .insert(name.to_vec(), Dentry { cookie: c2, ver: 0, ..dst.clone() });
-                    if src.kind == FileKind::Dir {
-                        moved_dir(st, cx, src.ino, parent, new_parent)?;
-                    }
-                    if dst.kind == FileKind::Dir {
-                        moved_dir(st, cx, dst.ino, new_parent, parent)?;
-                    }
-                    st.inode_mut(dst.ino)?.attr.ctime = now;
+                    Self::exchange_entries(st, cx, &at, &src, &dst, now)?
                 }
-                dst => {
-                    if let Some(dst) = dst {
-                        st.dir_mut(new_parent)?.remove(new_name);
-                        if dst.kind == FileKind::Dir {
-                            let np = st.inode_mut(new_parent)?;
-                            np.attr.nlink = np.attr.nlink.saturating_sub(1);
-                        }
-                        Self::drop_link(st, cx, dst.ino, now)?;
-                    }
-                    st.dir_mut(parent)?.remove(name);
-                    let cookie = st.dir_mut(new_parent)?.next_cookie;
-                    st.dir_mut(new_parent)?
-                        .insert(new_name.to_vec(), Dentry { cookie, ver: 0, ..src.clone() });
-                    if src.kind == FileKind::Dir {
-                        moved_dir(st, cx, src.ino, parent, new_parent)?;
-                    }
-                }
+                dst => Self::move_entry(st, cx, &at, &src, dst.as_ref(), now)?,
             }
             st.inode_mut(src.ino)?.attr.ctime = now;
             touch_times(&mut st.inode_mut(parent)?.attr, now);
@@ -449,4 +379,133 @@ impl Fs {
             Ok(())
         })
     }
+
+    /// Step 1 of [`Fs::rename`]: whether the rename of `src` onto `dst` (the entry at the new
+    /// name, if any) may happen — the errors POSIX gives, in its order — or changes nothing
+    /// (two names of one inode, once neither is held by an open transaction).
+    fn rename_allowed(
+        st: &State,
+        cx: &mut Cx,
+        at: &RenameAt<'_>,
+        src: &Dentry,
+        dst: Option<&Dentry>,
+        flags: RenameFlags,
+    ) -> OpResult<Allowed> {
+        let &RenameAt { parent, name, new_parent, new_name } = at;
+        if src.kind == FileKind::Dir && Self::within(st, new_parent, src.ino) {
+            return Err(FsError::Invalid("a directory cannot move into its own subtree").into());
+        }
+        let Some(dst) = dst else {
+            return if flags.exchange { Err(FsError::NotFound.into()) } else { Ok(Allowed::Yes) };
+        };
+        if flags.noreplace {
+            return Err(FsError::Exists.into());
+        }
+        if flags.exchange && dst.kind == FileKind::Dir && Self::within(st, parent, dst.ino) {
+            return Err(FsError::Invalid("a directory cannot move into its own subtree").into());
+        }
+        if dst.ino == src.ino && !flags.exchange {
+            // Two links to one inode: nothing to do, as POSIX has it — once neither name
+            // is held by an open transaction, whose abort could remove it and leave
+            // this `Ok` a rename that never happened.
+            cx.unheld(st, &Key::Dentry(parent, name.to_vec()))?;
+            cx.unheld(st, &Key::Dentry(new_parent, new_name.to_vec()))?;
+            return Ok(Allowed::Nothing);
+        }
+        if !flags.exchange {
+            match (src.kind == FileKind::Dir, dst.kind == FileKind::Dir) {
+                (true, false) => return Err(FsError::NotDir.into()),
+                (false, true) => return Err(FsError::IsDir.into()),
+                (true, true) if !st.dir(dst.ino)?.entries.is_empty() => {
+                    return Err(FsError::NotEmpty.into())
+                }
+                _ => {}
+            }
+        }
+        Ok(Allowed::Yes)
+    }
+
+    /// Step 2 of [`Fs::rename`] with `RENAME_EXCHANGE`: the two entries swap places (new
+    /// cookies in both directories), and a directory among them changes parent.
+    fn exchange_entries(
+        st: &mut State,
+        cx: &mut Cx,
+        at: &RenameAt<'_>,
+        src: &Dentry,
+        dst: &Dentry,
+        now: Timespec,
+    ) -> OpResult<()> {
+        let &RenameAt { parent, name, new_parent, new_name } = at;
+        cx.inode(st, dst.ino)?;
+        let c1 = st.dir_mut(new_parent)?.next_cookie;
+        st.dir_mut(new_parent)?
+            .insert(new_name.to_vec(), Dentry { cookie: c1, ver: 0, ..src.clone() });
+        let c2 = st.dir_mut(parent)?.next_cookie;
+        st.dir_mut(parent)?.insert(name.to_vec(), Dentry { cookie: c2, ver: 0, ..dst.clone() });
+        if src.kind == FileKind::Dir {
+            Self::moved_dir(st, cx, src.ino, parent, new_parent)?;
+        }
+        if dst.kind == FileKind::Dir {
+            Self::moved_dir(st, cx, dst.ino, new_parent, parent)?;
+        }
+        st.inode_mut(dst.ino)?.attr.ctime = now;
+        Ok(())
+    }
+
+    /// Step 2 of [`Fs::rename`] without `RENAME_EXCHANGE`: `dst`, if any, loses its link (a
+    /// directory also its `..` link to the new parent), and `src` moves to the new name.
+    fn move_entry(
+        st: &mut State,
+        cx: &mut Cx,
+        at: &RenameAt<'_>,
+        src: &Dentry,
+        dst: Option<&Dentry>,
+        now: Timespec,
+    ) -> OpResult<()> {
+        let &RenameAt { parent, name, new_parent, new_name } = at;
+        if let Some(dst) = dst {
+            st.dir_mut(new_parent)?.remove(new_name);
+            if dst.kind == FileKind::Dir {
+                let np = st.inode_mut(new_parent)?;
+                np.attr.nlink = np.attr.nlink.saturating_sub(1);
+            }
+            Self::drop_link(st, cx, dst.ino, now)?;
+        }
+        st.dir_mut(parent)?.remove(name);
+        let cookie = st.dir_mut(new_parent)?.next_cookie;
+        st.dir_mut(new_parent)?.insert(new_name.to_vec(), Dentry { cookie, ver: 0, ..src.clone() });
+        if src.kind == FileKind::Dir {
+            Self::moved_dir(st, cx, src.ino, parent, new_parent)?;
+        }
+        Ok(())
+    }
+
+    /// Directory `ino` moved from `from` to `to`: its `..` and the parents' link counts follow.
+    fn moved_dir(st: &mut State, cx: &mut Cx, ino: Ino, from: Ino, to: Ino) -> OpResult<()> {
+        if from != to {
+            cx.parent(st, ino)?;
+            st.dir_mut(ino)?.parent = to;
+            let f = st.inode_mut(from)?;
+            f.attr.nlink = f.attr.nlink.saturating_sub(1);
+            st.inode_mut(to)?.attr.nlink += 1;
+        }
+        Ok(())
+    }
+}
+
+/// The two names of a rename.
+struct RenameAt<'a> {
+    parent: Ino,
+    name: &'a [u8],
+    new_parent: Ino,
+    new_name: &'a [u8],
+}
+
+/// What [`Fs::rename_allowed`] found.
+#[derive(Debug, PartialEq, Eq)]
+enum Allowed {
+    /// The rename goes ahead.
+    Yes,
+    /// It changes nothing (two names of one inode): `Ok` at once.
+    Nothing,
 }
