@@ -120,6 +120,8 @@ pub struct Transaction {
     pub(crate) deps: Vec<TxId>,
     pub(crate) records: Vec<Vec<u8>>,
     pub(crate) data: Vec<Vec<u8>>,
+    /// Each data block's crc when the caller knew it (`data_with_crc`), else `None`.
+    pub(crate) data_crcs: Vec<Option<u32>>,
     pub(crate) run: Option<RunAsk>,
 }
 
@@ -138,7 +140,14 @@ impl Transaction {
     /// An empty transaction for `stream`.
     #[must_use]
     pub fn new(stream: u16) -> Self {
-        Transaction { stream, deps: Vec::new(), records: Vec::new(), data: Vec::new(), run: None }
+        Transaction {
+            stream,
+            deps: Vec::new(),
+            records: Vec::new(),
+            data: Vec::new(),
+            data_crcs: Vec::new(),
+            run: None,
+        }
     }
 
     /// Append a record.
@@ -151,6 +160,16 @@ impl Transaction {
     /// it lives at `CommitInfo::data_start + index`.
     pub fn data(&mut self, bytes: impl Into<Vec<u8>>) -> u32 {
         self.data.push(bytes.into());
+        self.data_crcs.push(None);
+        self.data.len() as u32 - 1
+    }
+
+    /// [`Transaction::data`] with the block's crc32c (of `bytes` zero-padded to the block size)
+    /// already known, so the log does not compute it again. A wrong crc is a bug in the caller:
+    /// debug builds assert it; release builds write it and recovery then refuses the block.
+    pub fn data_with_crc(&mut self, bytes: impl Into<Vec<u8>>, crc: u32) -> u32 {
+        self.data.push(bytes.into());
+        self.data_crcs.push(Some(crc));
         self.data.len() as u32 - 1
     }
 

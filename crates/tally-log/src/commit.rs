@@ -142,7 +142,16 @@ impl Log {
     pub(crate) fn encode(&self, tx: &mut Transaction, mode: CommitMode) -> Result<Encoded> {
         let bs = self.block_size as usize;
         let deps = if mode == CommitMode::Orderless { Vec::new() } else { self.live_deps(tx) };
-        let data_crcs = tx.data.iter().map(|d| crc_padded(d, bs)).collect();
+        debug_assert_eq!(tx.data.len(), tx.data_crcs.len());
+        let data_crcs = (tx.data.iter().zip(&tx.data_crcs))
+            .map(|(d, known)| match *known {
+                Some(crc) => {
+                    debug_assert_eq!(crc, crc_padded(d, bs), "data_with_crc: wrong crc");
+                    crc
+                }
+                None => crc_padded(d, bs),
+            })
+            .collect();
         let record_count = u32::try_from(tx.records.len())
             .map_err(|_| LogError::Invalid("more than 2^32 records".into()))?;
         // A run's place is known only under the stream lock; the placeholder has its size and
@@ -219,17 +228,18 @@ impl Log {
     ) -> IoBuf {
         let bs = self.block_size as usize;
         let cap = payload_capacity(self.block_size);
-        let mut buf = IoBuf::zeroed((enc.unit_count + enc.data_count) as usize * bs);
+        // The data blocks are copied in once with their padding zeroed; the unit blocks are
+        // zeroed there and encoded below.
+        let unit_bytes = enc.unit_count as usize * bs;
+        let parts: Vec<(usize, &[u8])> =
+            data.iter().enumerate().map(|(i, d)| (unit_bytes + i * bs, &d[..])).collect();
+        let mut buf = IoBuf::gather((enc.unit_count + enc.data_count) as usize * bs, &parts);
         for (i, (chunk, block)) in enc.body.chunks(cap).zip(buf.chunks_exact_mut(bs)).enumerate() {
             let h = UnitHeader { unit_index: i as u32, payload_len: chunk.len() as u32, ..*header };
             h.encode_into(&self.uuid, chunk, block);
         }
         if enc.body.is_empty() {
             header.encode_into(&self.uuid, &[], &mut buf[..bs]);
-        }
-        let data_blocks = buf.chunks_exact_mut(bs).skip(enc.unit_count as usize);
-        for (d, block) in data.iter().zip(data_blocks) {
-            block[..d.len()].copy_from_slice(d);
         }
         buf
     }
@@ -386,5 +396,60 @@ impl Log {
             at += span;
         }
         switches <= free
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tally_media::{Device, MemDevice};
+
+    use crate::{Log, LogConfig, OpenOptions, Transaction};
+
+    fn fresh() -> Arc<MemDevice> {
+        let dev = Arc::new(MemDevice::new(4096, 1024).unwrap());
+        Log::format(&*dev, &LogConfig { streams: 1, segment_blocks: 64, ..LogConfig::default() })
+            .unwrap();
+        dev
+    }
+
+    /// A block handed down with its crc is written and recovered like one the log checksums
+    /// itself; the other blocks of the transaction (a short one, zero-padded) keep working.
+    #[test]
+    fn a_data_block_with_its_crc_is_recovered() {
+        let dev = fresh();
+        let (log, _) = Log::open(dev.clone(), OpenOptions::default()).unwrap();
+        let full = vec![0x5A; 4096];
+        let mut tx = Transaction::new(0);
+        tx.record(b"r".to_vec());
+        tx.data_with_crc(full.clone(), crc32c::crc32c(&full));
+        tx.data(vec![7; 10]);
+        let info = log.commit_durable(tx).unwrap();
+        drop(log);
+        let (_log, r) = Log::open(dev.clone(), OpenOptions::default()).unwrap();
+        assert_eq!(r.streams[0].txs.len(), 1);
+        let mut block = vec![0u8; 4096];
+        dev.read(info.data_start, &mut block).unwrap();
+        assert_eq!(block, full);
+        dev.read(info.data_start + 1, &mut block).unwrap();
+        assert!(block[..10].iter().all(|&b| b == 7) && block[10..].iter().all(|&b| b == 0));
+    }
+
+    /// The crc handed down is the one written: a wrong one is a caller's bug that debug builds
+    /// stop at commit, and that recovery refuses in release builds (the transaction is lost).
+    #[test]
+    #[cfg_attr(debug_assertions, should_panic(expected = "wrong crc"))]
+    fn a_wrong_crc_handed_down_is_caught() {
+        let dev = fresh();
+        let (log, _) = Log::open(dev.clone(), OpenOptions::default()).unwrap();
+        let full = vec![0x5A; 4096];
+        let mut tx = Transaction::new(0);
+        tx.record(b"r".to_vec());
+        tx.data_with_crc(full.clone(), crc32c::crc32c(&full) ^ 1);
+        log.commit_durable(tx).unwrap();
+        drop(log);
+        let (_log, r) = Log::open(dev, OpenOptions::default()).unwrap();
+        assert!(r.streams[0].txs.is_empty(), "a block with a wrong crc was recovered");
     }
 }

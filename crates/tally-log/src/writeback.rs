@@ -363,13 +363,16 @@ pub(crate) fn merge(batch: Vec<Buffered>, block_size: u32) -> Vec<Write> {
                 writes.push(Write::new(block, buf));
             }
         } else if let Some(&(block, _)) = run.first() {
-            let len: usize = run.iter().map(|(_, b)| b.len()).sum();
-            let mut joined = IoBuf::zeroed(len);
-            let mut at = 0;
-            for (_, b) in run.drain(..) {
-                joined[at..at + b.len()].copy_from_slice(&b);
-                at += b.len();
+            // One copy into the joined buffer, no zeroing first: the parts cover all of it.
+            let mut parts = Vec::with_capacity(run.len());
+            let mut len = 0;
+            for (_, b) in run.iter() {
+                parts.push((len, &b[..]));
+                len += b.len();
             }
+            let joined = IoBuf::gather(len, &parts);
+            drop(parts);
+            run.clear();
             writes.push(Write::new(block, joined));
         }
     };

@@ -43,9 +43,48 @@ impl IoBuf {
     /// A buffer holding a copy of `bytes`.
     #[must_use]
     pub fn from_slice(bytes: &[u8]) -> Self {
-        let mut buf = Self::zeroed(bytes.len());
-        buf.copy_from_slice(bytes);
-        buf
+        Self::gather(bytes.len(), &[(0, bytes)])
+    }
+
+    /// A buffer of `len` bytes holding each `(offset, bytes)` part at its offset and zeros
+    /// everywhere else: like [`IoBuf::zeroed`] followed by copies, but each byte is written
+    /// once (a transaction's blocks and a write-out's merged batches are mostly copied data).
+    ///
+    /// # Panics
+    /// If the parts are not in increasing, non-overlapping order within `len` (a bug), or as
+    /// [`IoBuf::zeroed`].
+    #[must_use]
+    pub fn gather(len: usize, parts: &[(usize, &[u8])]) -> Self {
+        let mut at = 0usize;
+        for &(offset, bytes) in parts {
+            assert!(offset >= at, "IoBuf::gather: parts out of order or overlapping");
+            let Some(end) = offset.checked_add(bytes.len()) else {
+                panic!("IoBuf::gather: a part's end overflows the address space")
+            };
+            at = end;
+        }
+        assert!(at <= len, "IoBuf::gather: part ends at {at}, past the buffer's {len} bytes");
+        if len == 0 {
+            return IoBuf { ptr: NonNull::dangling(), len: 0 };
+        }
+        let layout = Self::layout(len);
+        // SAFETY: layout has non-zero size.
+        let raw = unsafe { alloc::alloc(layout) };
+        let Some(ptr) = NonNull::new(raw) else { alloc::handle_alloc_error(layout) };
+        let mut cursor = 0usize;
+        for &(offset, bytes) in parts {
+            // SAFETY: cursor <= offset and offset + bytes.len() <= len (checked above), so
+            // both writes stay inside the allocation; `bytes` cannot overlap a fresh one.
+            unsafe {
+                std::ptr::write_bytes(ptr.as_ptr().add(cursor), 0, offset - cursor);
+                let dst = ptr.as_ptr().add(offset);
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len());
+            }
+            cursor = offset + bytes.len();
+        }
+        // SAFETY: cursor <= len; after this every byte of [0, len) has been written once.
+        unsafe { std::ptr::write_bytes(ptr.as_ptr().add(cursor), 0, len - cursor) };
+        IoBuf { ptr, len }
     }
 
     fn layout(len: usize) -> Layout {
@@ -65,7 +104,7 @@ impl IoBuf {
 impl Drop for IoBuf {
     fn drop(&mut self) {
         if self.len != 0 {
-            // SAFETY: allocated in `zeroed` with this exact layout.
+            // SAFETY: allocated in `zeroed` or `gather` with this exact layout.
             unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
         }
     }
@@ -120,5 +159,29 @@ mod tests {
         assert_eq!(b, c);
         assert_eq!(IoBuf::zeroed(0).len(), 0);
         assert_eq!(&IoBuf::from_slice(b"abc")[..], b"abc");
+    }
+
+    #[test]
+    fn gather_places_parts_and_zeroes_the_rest() {
+        let g = IoBuf::gather(8192, &[(0, b"ab"), (4096, b"xyz"), (4099, b"!")]);
+        assert_eq!(g.as_ptr() as usize % IO_ALIGN, 0);
+        let mut want = vec![0u8; 8192];
+        want[..2].copy_from_slice(b"ab");
+        want[4096..4100].copy_from_slice(b"xyz!");
+        assert_eq!(&g[..], &want[..]);
+        assert_eq!(IoBuf::gather(0, &[]).len(), 0);
+        assert_eq!(&IoBuf::gather(3, &[])[..], &[0, 0, 0]);
+    }
+
+    #[test]
+    #[should_panic(expected = "out of order")]
+    fn gather_refuses_overlapping_parts() {
+        let _ = IoBuf::gather(16, &[(0, b"abcd"), (2, b"x")]);
+    }
+
+    #[test]
+    #[should_panic(expected = "past the buffer")]
+    fn gather_refuses_parts_past_the_end() {
+        let _ = IoBuf::gather(4, &[(2, b"abc")]);
     }
 }
