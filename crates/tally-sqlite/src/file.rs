@@ -345,6 +345,9 @@ impl Handle {
         if let Some(group) = self.group() {
             let st = group.state();
             if st.txn.is_some() {
+                if self.shared.mutant() == Some(VfsMutant::GroupTruncateDropped) {
+                    return ffi::SQLITE_OK;
+                }
                 return match self.shared.fs.setattr(st.txn.as_ref(), ino, &set) {
                     Ok(_) => ffi::SQLITE_OK,
                     Err(_) => ffi::SQLITE_IOERR_TRUNCATE,

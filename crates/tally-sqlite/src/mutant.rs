@@ -33,17 +33,23 @@ pub enum VfsMutant {
     /// the pages they undo. A batch SQLite redoes through a journal writes the journal and then
     /// the pages with no sync between, so a crash can keep pages with no journal to undo them.
     JournalAfterPages,
+    /// A truncate of a database in an open [`atomic`](crate::atomic) group is answered `OK`
+    /// and not made: an auto-vacuum shrink of the main database (which SQLite truncates before
+    /// it sends the group's commit) leaves the file at its old length, and a test that claims
+    /// to exercise shrinking inside a group exercises nothing.
+    GroupTruncateDropped,
 }
 
 impl VfsMutant {
     /// Every mutant.
-    pub const ALL: [VfsMutant; 6] = [
+    pub const ALL: [VfsMutant; 7] = [
         VfsMutant::CommitNotDurable,
         VfsMutant::RollbackKeepsPages,
         VfsMutant::GroupCommitsEachFile,
         VfsMutant::GroupLeavesSecondFile,
         VfsMutant::PhaseTwoFailureIgnored,
         VfsMutant::JournalAfterPages,
+        VfsMutant::GroupTruncateDropped,
     ];
 
     /// Kebab-case name.
@@ -56,6 +62,7 @@ impl VfsMutant {
             VfsMutant::GroupLeavesSecondFile => "group-leaves-second-file",
             VfsMutant::PhaseTwoFailureIgnored => "phase-two-failure-ignored",
             VfsMutant::JournalAfterPages => "journal-after-pages",
+            VfsMutant::GroupTruncateDropped => "group-truncate-dropped",
         }
     }
 }

@@ -203,27 +203,78 @@ pub mod split {
 
     /// Apply transfer `t` in one atomic group; the closure's SQL error is returned.
     pub fn apply(db: &Connection, t: &Transfer) -> Result<(), tally_sqlite::AtomicError> {
+        tally_sqlite::atomic(db, |tx| transfer_in(tx, t))
+    }
+
+    /// Transfer `t`'s statements, in a transaction over both databases.
+    fn transfer_in(tx: &rusqlite::Transaction<'_>, t: &Transfer) -> rusqlite::Result<()> {
+        let table = |id: i64| if id < HALF { "main.accounts" } else { "b.accounts" };
+        tx.execute(
+            &format!("UPDATE {} SET balance = balance - ?2 WHERE id = ?1", table(t.src)),
+            (t.src, t.amount),
+        )?;
+        tx.execute(
+            &format!("UPDATE {} SET balance = balance + ?2 WHERE id = ?1", table(t.dst)),
+            (t.dst, t.amount),
+        )?;
+        let half = t.note.len() / 2;
+        tx.execute(
+            "INSERT INTO main.transfers VALUES (?1, ?2, ?3, ?4, ?5)",
+            (t.id, t.src, t.dst, t.amount, &t.note[..half]),
+        )?;
+        tx.execute(
+            "INSERT INTO b.ledger VALUES (?1, ?2, ?3, ?4, ?5)",
+            (t.id, t.src, t.dst, t.amount, &t.note[half..]),
+        )?;
+        Ok(())
+    }
+
+    /// Rows of ~3,000 bytes (a page each) that every odd transfer of the shrinking workload
+    /// adds to each database's `junk` table and every even one deletes: with `auto_vacuum=FULL`
+    /// each even commit shrinks both files, and SQLite truncates them in its phase two.
+    pub const JUNK_ROWS: i64 = 4;
+
+    /// [`create`], both databases in `auto_vacuum=FULL` (set while they are empty) and with a
+    /// `junk` table.
+    pub fn create_vacuuming(db: &Connection) {
+        db.execute_batch("PRAGMA main.auto_vacuum=FULL; PRAGMA b.auto_vacuum=FULL;").unwrap();
+        create(db);
+        db.execute_batch("CREATE TABLE main.junk(x BLOB); CREATE TABLE b.junk(x BLOB);").unwrap();
+    }
+
+    /// Transfer `t` and, in the same atomic group, junk added to both databases (odd `t.id`)
+    /// or deleted from both (even).
+    pub fn apply_shrinking(db: &Connection, t: &Transfer) -> Result<(), tally_sqlite::AtomicError> {
         tally_sqlite::atomic(db, |tx| {
-            let table = |id: i64| if id < HALF { "main.accounts" } else { "b.accounts" };
-            tx.execute(
-                &format!("UPDATE {} SET balance = balance - ?2 WHERE id = ?1", table(t.src)),
-                (t.src, t.amount),
-            )?;
-            tx.execute(
-                &format!("UPDATE {} SET balance = balance + ?2 WHERE id = ?1", table(t.dst)),
-                (t.dst, t.amount),
-            )?;
-            let half = t.note.len() / 2;
-            tx.execute(
-                "INSERT INTO main.transfers VALUES (?1, ?2, ?3, ?4, ?5)",
-                (t.id, t.src, t.dst, t.amount, &t.note[..half]),
-            )?;
-            tx.execute(
-                "INSERT INTO b.ledger VALUES (?1, ?2, ?3, ?4, ?5)",
-                (t.id, t.src, t.dst, t.amount, &t.note[half..]),
-            )?;
+            transfer_in(tx, t)?;
+            if t.id % 2 == 1 {
+                for schema in ["main", "b"] {
+                    let sql = format!("INSERT INTO {schema}.junk VALUES (zeroblob(3000))");
+                    for _ in 0..JUNK_ROWS {
+                        tx.execute(&sql, [])?;
+                    }
+                }
+            } else {
+                tx.execute_batch("DELETE FROM main.junk; DELETE FROM b.junk;")?;
+            }
             Ok(())
         })
+    }
+
+    /// Junk rows each database holds after transfers 1..=n of the shrinking workload.
+    pub fn junk_after(n: i64) -> i64 {
+        if n % 2 == 1 {
+            JUNK_ROWS
+        } else {
+            0
+        }
+    }
+
+    /// Junk rows in main and in b.
+    pub fn junk(db: &Connection) -> rusqlite::Result<[i64; 2]> {
+        let count =
+            |s: &str| db.query_row(&format!("SELECT COUNT(*) FROM {s}.junk"), [], |r| r.get(0));
+        Ok([count("main")?, count("b")?])
     }
 
     /// Balances after transfers 1..=n.
