@@ -10,6 +10,7 @@
 
 pub mod explore;
 pub mod fsexplore;
+pub mod spanexplore;
 
 pub use tally_sim::{device, pmem};
 pub use tally_sim::{
