@@ -1,7 +1,9 @@
 //! The file-system crash explorer (`docs/FS-CRASH-TESTING.md`) on the correct file system and
 //! on every mutant. Each test prints its counts (`--nocapture` to see them).
 
-use tally_crash::fsexplore::{workload_set, FsExploreConfig, FsExplorer, FsReport};
+use tally_crash::fsexplore::{
+    large, workload_set, FsExploreConfig, FsExplorer, FsReport, HUGE_BLOCKS,
+};
 
 /// Seq-2 workloads drawn by the seed (of about 69,000).
 const SEQ2_COUNT: usize = 1500;
@@ -88,6 +90,81 @@ fn one_stream_recovers_a_prefix() {
 fn longer_workloads() {
     let r = explore(FsExploreConfig::default(), &["longer".into()], "longer, 2 streams");
     assert_eq!(r.violations, 0, "{:#?}", r.first_violation);
+}
+
+/// The segments of each stream's chain a committed [`WriteKind::Huge`] transaction took that
+/// the start image's chains did not have (the explorer's geometry, mounted from its start).
+fn segments_a_huge_transaction_spans(cfg: &FsExploreConfig) -> usize {
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+    use tally_fs::{Fs, MountOptions};
+    use tally_media::MemDevice;
+
+    let start = FsExplorer::new(cfg.clone()).start().expect("start image");
+    let dev = Arc::new(MemDevice::from_image(start.image.clone()));
+    let fs = Fs::mount(dev, MountOptions::default()).expect("mount the start image");
+    let chains = |fs: &Fs| -> BTreeSet<(u16, u32)> {
+        (0..cfg.streams)
+            .flat_map(|s| {
+                let usage = fs.log().segment_usage(s).expect("segment usage");
+                usage.into_iter().map(move |u| (s, u.segment))
+            })
+            .collect()
+    };
+    let before = chains(&fs);
+    let model_ino = start.state.lookup("/A/foo").expect("/A/foo");
+    let ino = start.map[&model_ino];
+    let bytes = HUGE_BLOCKS * u64::from(cfg.block_size);
+    let data = vec![0x5Cu8; usize::try_from(bytes).expect("size")];
+    let tx = fs.begin().expect("begin");
+    fs.write(Some(&tx), ino, 0, &data).expect("huge write");
+    fs.commit(tx).expect("commit");
+    fs.sync().expect("sync");
+    assert_eq!(fs.read(ino, 0, data.len()).expect("read"), data);
+    chains(&fs).difference(&before).count()
+}
+
+/// Large transactions (issue 15 part 1): an explicit transaction whose parts span three or
+/// more segments, committed, committed durable or aborted, with and without a rename in it,
+/// then cleaned or followed by another stream's fsync; every crash point on the correct file
+/// system.
+#[test]
+fn large_transactions_across_segments() {
+    let cfg = FsExploreConfig::default();
+    let spanned = segments_a_huge_transaction_spans(&cfg);
+    println!("a committed huge transaction took {spanned} new segments");
+    assert!(spanned >= 3, "a huge transaction took only {spanned} new segments");
+    let r = explore(cfg, &["large".into()], "large, 2 streams");
+    assert_eq!(r.violations, 0, "{:#?}", r.first_violation);
+    assert_eq!(r.workloads, large().len() as u64);
+    assert!(r.crash_points_inside_ops > 100, "too few crash points inside the parts");
+}
+
+/// The log mutants only large transactions show (recovery keeping the parts of a run whose
+/// close did not survive: a transaction whose last segment's units are missing) are caught by
+/// the file-system explorer's `large` workloads, not only by the log explorer.
+#[cfg(feature = "mutants")]
+#[test]
+fn a_large_transaction_without_its_close_is_caught_by_the_fs_explorer() {
+    let mutants: Vec<tally_log::Mutant> =
+        tally_log::Mutant::ALL.into_iter().filter(|m| m.needs_large_transactions()).collect();
+    assert!(!mutants.is_empty());
+    for m in mutants {
+        let cfg = FsExploreConfig {
+            log_mutant: Some(m),
+            stop_at_first: true,
+            ..FsExploreConfig::default()
+        };
+        let r = explore(cfg, &["large".into()], m.name());
+        let v = r.first_violation.unwrap_or_else(|| panic!("log mutant {} not caught", m.name()));
+        println!(
+            "  => {} caught by {} in `{}` at {}",
+            m.name(),
+            v.invariant.name(),
+            v.workload,
+            v.at
+        );
+    }
 }
 
 // Every seq-2 workload (about 69,000, some 20 minutes) is `tally crash fs --seq 2`, the same

@@ -43,7 +43,7 @@ pub struct FsArgs {
         value_parser = clap::value_parser!(u8).range(1..=12)
     )]
     ops_per_generation: u8,
-    /// A named workload set instead of --seq: seq-1, seq-2, seq-2:N, longer (as a reported
+    /// A named workload set instead of --seq: seq-1, seq-2, seq-2:N, longer, large (as a reported
     /// violation names it, with --index).
     #[arg(long, conflicts_with_all = ["seq", "count"])]
     set: Option<String>,

@@ -22,7 +22,14 @@ pub enum WriteKind {
     /// Five blocks at the end: one transaction of six blocks, so a stream moves on to its next
     /// segment after a few of them.
     Big,
+    /// [`HUGE_BLOCKS`] blocks from offset 0 (over the file's first blocks, then past its end):
+    /// inside an explicit transaction, a large transaction whose parts span three or more of
+    /// the explorer's 16-block segments (`large`); not in the catalogue.
+    Huge,
 }
+
+/// Blocks a [`WriteKind::Huge`] write covers: more than two 16-block segments can hold.
+pub const HUGE_BLOCKS: u64 = 40;
 
 /// Which way a truncate goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,6 +161,7 @@ pub fn resolve(st: &MState, op: &FsOp, tag: u64, bs: u64) -> Result<Option<MOp>,
                 WriteKind::Unaligned => (300, bs + bs / 2),
                 WriteKind::Sparse => ((s / bs + 2) * bs + 100, 200),
                 WriteKind::Big => (s, 5 * bs),
+                WriteKind::Huge => (0, HUGE_BLOCKS * bs),
             };
             MOp::Write { ino, off, data: pattern(tag, len as usize) }
         }
@@ -500,8 +508,39 @@ pub fn longer() -> Vec<FsWorkload> {
     out
 }
 
+/// Large transactions (issue 15 part 1): an explicit transaction whose data goes to the
+/// device in parts while it runs and whose parts span three or more segments (a
+/// [`WriteKind::Huge`] overwrite of `/A/foo`, alone or with a rename), committed, committed
+/// durable or aborted, each followed by nothing, `sync` or an `fsync`; then a committed one
+/// followed by a clean of each stream (its parts relocated), and by an `fsync`ed append on the
+/// other file (a later transaction after the run). A part kept without its close shows as
+/// `/A/foo`'s first blocks changed without the rest (I1).
+#[must_use]
+pub fn large() -> Vec<FsWorkload> {
+    let step = |op: FsOp, persist: Persist| Step { op, persist };
+    let huge = || FsOp::Write("/A/foo".into(), WriteKind::Huge);
+    let bodies = [vec![huge()], vec![huge(), FsOp::Rename("/bar".into(), "/B/t1".into())]];
+    let mut out = Vec::new();
+    for body in &bodies {
+        for end in [TxnEnd::Commit, TxnEnd::CommitDurable, TxnEnd::Abort] {
+            for persist in [Persist::Nothing, Persist::Sync, Persist::Fsync("/A/foo".into())] {
+                out.push(FsWorkload(vec![step(FsOp::Txn(body.clone(), end), persist)]));
+            }
+        }
+    }
+    let committed = || step(FsOp::Txn(vec![huge()], TxnEnd::Commit), Persist::Nothing);
+    for stream in 0..2 {
+        out.push(FsWorkload(vec![committed(), step(FsOp::Clean(stream), Persist::Sync)]));
+    }
+    out.push(FsWorkload(vec![
+        committed(),
+        step(FsOp::Write("/bar".into(), WriteKind::Append), Persist::Fsync("/bar".into())),
+    ]));
+    out
+}
+
 /// The workloads of a named set: `seq-1`, `seq-2` (every one), `seq-2:N` (`N` drawn by `seed`),
-/// `longer`. A reported violation names its set and index, so the set replays it.
+/// `longer`, `large`. A reported violation names its set and index, so the set replays it.
 ///
 /// # Errors
 /// An unknown set name.
@@ -516,9 +555,12 @@ pub fn workload_set(
         "seq-1" => Ok(seq1(base, streams, bs)),
         "seq-2" => Ok(seq2(base, streams, bs)),
         "longer" => Ok(longer()),
+        "large" => Ok(large()),
         _ => match name.strip_prefix("seq-2:").map(str::parse::<usize>) {
             Some(Ok(n)) => Ok(seq2_sample(base, streams, bs, n, seed)),
-            _ => Err(format!("unknown workload set {name:?}: seq-1, seq-2, seq-2:N or longer")),
+            _ => Err(format!(
+                "unknown workload set {name:?}: seq-1, seq-2, seq-2:N, longer or large"
+            )),
         },
     }
 }
