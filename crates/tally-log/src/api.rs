@@ -164,8 +164,8 @@ impl Transaction {
         self.data.len() as u32 - 1
     }
 
-    /// [`Transaction::data`] with the block's crc32c (of `bytes` zero-padded to the block size)
-    /// already known, so the log does not compute it again. A wrong crc is a bug in the caller:
+    /// [`Transaction::data`] with the crc32c of `bytes` already known, so the log does not
+    /// compute it again (it extends it over the padding of a short block). A wrong crc is a bug in the caller:
     /// debug builds assert it; release builds write it and recovery then refuses the block.
     pub fn data_with_crc(&mut self, bytes: impl Into<Vec<u8>>, crc: u32) -> u32 {
         self.data.push(bytes.into());

@@ -9,7 +9,7 @@ use std::time::Instant;
 use tally_media::{IoBuf, Write, WriteFlags};
 
 use crate::api::{CommitInfo, CommitMode, RunAsk, Transaction};
-use crate::engine::{crc_padded, lock, Log, Placed, Stream};
+use crate::engine::{crc_pad, crc_padded, lock, Log, Placed, Stream};
 use crate::format::body::{Body, Run, RunRole, TxId};
 use crate::format::unit::{payload_capacity, UnitHeader, UnitKind, FLAG_CLASSIC};
 use crate::writeback::{Buffered, Due, InFlight};
@@ -146,8 +146,8 @@ impl Log {
         let data_crcs = (tx.data.iter().zip(&tx.data_crcs))
             .map(|(d, known)| match *known {
                 Some(crc) => {
-                    debug_assert_eq!(crc, crc_padded(d, bs), "data_with_crc: wrong crc");
-                    crc
+                    debug_assert_eq!(crc, crc32c::crc32c(d), "data_with_crc: wrong crc");
+                    crc_pad(crc, d.len(), bs)
                 }
                 None => crc_padded(d, bs),
             })
@@ -414,8 +414,8 @@ mod tests {
         dev
     }
 
-    /// A block handed down with its crc is written and recovered like one the log checksums
-    /// itself; the other blocks of the transaction (a short one, zero-padded) keep working.
+    /// Blocks handed down with their crc (a whole one, and a short one whose crc the log
+    /// extends over the padding) are written and recovered like one the log checksums itself.
     #[test]
     fn a_data_block_with_its_crc_is_recovered() {
         let dev = fresh();
@@ -425,6 +425,7 @@ mod tests {
         tx.record(b"r".to_vec());
         tx.data_with_crc(full.clone(), crc32c::crc32c(&full));
         tx.data(vec![7; 10]);
+        tx.data_with_crc(vec![9; 20], crc32c::crc32c(&[9; 20]));
         let info = log.commit_durable(tx).unwrap();
         drop(log);
         let (_log, r) = Log::open(dev.clone(), OpenOptions::default()).unwrap();
@@ -434,6 +435,8 @@ mod tests {
         assert_eq!(block, full);
         dev.read(info.data_start + 1, &mut block).unwrap();
         assert!(block[..10].iter().all(|&b| b == 7) && block[10..].iter().all(|&b| b == 0));
+        dev.read(info.data_start + 2, &mut block).unwrap();
+        assert!(block[..20].iter().all(|&b| b == 9) && block[20..].iter().all(|&b| b == 0));
     }
 
     /// The crc handed down is the one written: a wrong one is a caller's bug that debug builds

@@ -371,13 +371,17 @@ impl Log {
 
 /// crc32c of `data` zero-padded to `block_size`.
 pub(crate) fn crc_padded(data: &[u8], block_size: usize) -> u32 {
-    let crc = crc32c::crc32c(data);
-    if data.len() >= block_size {
+    crc_pad(crc32c::crc32c(data), data.len(), block_size)
+}
+
+/// `crc` (of `len` bytes) extended over zeros up to `block_size`.
+pub(crate) fn crc_pad(crc: u32, len: usize, block_size: usize) -> u32 {
+    if len >= block_size {
         return crc;
     }
     let zeros = [0u8; 4096];
     let mut crc = crc;
-    let mut left = block_size - data.len();
+    let mut left = block_size - len;
     while left > 0 {
         let n = left.min(zeros.len());
         crc = crc32c::crc32c_append(crc, &zeros[..n]);

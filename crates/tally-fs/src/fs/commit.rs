@@ -185,7 +185,9 @@ impl Fs {
                 Key::Block(ino, b) => match inode.blocks.get(b) {
                     Some(block) => {
                         let Some(data) = &block.data else { continue };
-                        let idx = tx.data(data.as_slice());
+                        // The block's crc goes down with it: the log does not compute it
+                        // again.
+                        let idx = tx.data_with_crc(data.as_slice(), block.crc);
                         written.push((key.clone(), false, Some(idx)));
                         tx.record(
                             Record::Extent { ver, ino: *ino, block: *b, data: idx, crc: block.crc }
