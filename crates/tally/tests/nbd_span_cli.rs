@@ -86,6 +86,10 @@ fn a_file_system_over_three_exports() {
     let out = tally(&["mount", "--log"], &[&log, Path::new(a), Path::new(c), Path::new(b), &mnt]);
     assert_eq!(code(&out), 2, "{}", text(&out));
     assert!(stderr(&out).contains("give the targets in their recorded order"), "{}", text(&out));
+    // A missing target, at mount too.
+    let out = tally(&["mount", "--log"], &[&log, Path::new(a), Path::new(b), &mnt]);
+    assert_eq!(code(&out), 2, "{}", text(&out));
+    assert!(stderr(&out).contains("(missing: target 3)"), "{}", text(&out));
 
     // 11 MiB of files over four streams: every target holds some of them.
     let files: Vec<(String, Vec<u8>)> = (0..32u32)
