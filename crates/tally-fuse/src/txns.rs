@@ -59,6 +59,12 @@ pub enum FuseMutant {
     /// privileges itself and asks `getxattr("security.capability")` before every write (no
     /// inode is ever marked `S_NOSEC`), so a written file costs a round trip per write more.
     NoKillPriv,
+    /// `FLUSH` never aborts an atomic write: one whose process died is left to the owning
+    /// file's `RELEASE`, which comes after the kernel has dropped the dead process's POSIX
+    /// locks (or never, while another process holds a copy of the file).
+    FlushKeepsAtomicWrite,
+    /// `FLUSH` of the owning file aborts its atomic write whoever closes it, dying or not.
+    FlushAbortsAlways,
 }
 
 /// How long a thread's routing verdict is reused while no transaction begins or ends.
@@ -297,6 +303,14 @@ impl Txns {
             Some(Scope::Handle { starter, .. }) => starter,
             _ => return Ok(false),
         };
+        match self.mutant {
+            Some(FuseMutant::FlushKeepsAtomicWrite) => return Ok(false),
+            Some(FuseMutant::FlushAbortsAlways) => {
+                self.end(fs, fh, End::Abort)?;
+                return Ok(true);
+            }
+            _ => {}
+        }
         // A thread whose /proc entry cannot be read is gone: its process is exiting.
         let (tgid, exiting) = match exit_status_of(pid) {
             Some((tgid, exiting)) => (tgid, exiting),

@@ -8,7 +8,13 @@
 //! - an aborted atomic write leaves the database as it was;
 //! - a writer process killed with SIGKILL at random moments, a hundred times and more: a
 //!   reader (during and after) finds `integrity_check` ok and the balances equal to the
-//!   history of transfers, and no journal is ever created.
+//!   history of transfers, and no journal is ever created;
+//! - F2FS's rule for `FLUSH` (`f2fs_file_flush`), on which SQLite's readers depend: the atomic
+//!   write is aborted there only when the process that started it is dying, so a reader
+//!   blocked on the dead writer's POSIX lock sees the old file the moment it gets the lock,
+//!   even while another process keeps the file open (no `RELEASE` yet); a `close` of a copy by
+//!   the live starter or by an exiting child leaves it open. Mutants (feature `mutants`):
+//!   `flush-keeps-atomic-write` and `flush-aborts-always`.
 //!
 //! Needs root and a usable /dev/fuse (fails under `CI=true` without them).
 
@@ -25,7 +31,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, TransactionBehavior};
-use tally_fuse::{Opcode, Unmounted};
+use tally_fuse::{FuseMutant, Opcode, Unmounted};
 
 use common::{require_fuse, Scratch, Served};
 
@@ -413,4 +419,171 @@ fn writer_killed_at_random_points_leaves_no_half_commit() {
     let m = s.mount();
     assert_eq!(check_bank(&m.path("bank.db")), Ok(transfers));
     assert_eq!(m.unmount(), Unmounted::Clean);
+}
+
+/// A whole-file POSIX lock of `kind` (`F_RDLCK`, `F_WRLCK`, `F_UNLCK`) with `cmd` (`F_SETLK`,
+/// `F_SETLKW`), as SQLite's unix VFS takes them; the errno when it fails.
+fn posix_lock(fd: i32, cmd: i32, kind: i32) -> Result<(), i32> {
+    // SAFETY: a zeroed flock is valid; the fields set are those fcntl reads.
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = kind as _;
+    l.l_whence = libc::SEEK_SET as _;
+    // SAFETY: fcntl with a valid descriptor and a flock it may read and write.
+    if unsafe { libc::fcntl(fd, cmd, &mut l) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    }
+}
+
+/// The first 12 bytes of the file open as `f`.
+fn head(f: &File) -> String {
+    let mut buf = [0u8; 12];
+    f.read_exact_at(&mut buf, 0).unwrap();
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// Fork a child that runs `body` (async-signal-safe calls only) and then `_exit(0)`s; its pid.
+fn fork_child(body: impl FnOnce()) -> libc::pid_t {
+    // SAFETY: the child runs only `body`, which the callers keep to async-signal-safe calls
+    // (fcntl, ioctl, pwrite, write, pause, _exit) on memory prepared before the fork.
+    unsafe {
+        let pid = libc::fork();
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            body();
+            libc::_exit(0);
+        }
+        pid
+    }
+}
+
+/// Wait for child `pid`; its raw wait status.
+fn reap(pid: libc::pid_t) -> i32 {
+    let mut status = 0;
+    // SAFETY: waits for a child of this process.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    status
+}
+
+/// F2FS's rule for `FLUSH` on mount `m`; what it found wrong. Three closes of the owning open
+/// file while an atomic write is open: by the starter, alive (a `dup`'s `close`); by a child
+/// exiting with an inherited copy; by the starter dying (a forked child that started it, killed
+/// with SIGKILL while this process keeps a copy, so no `RELEASE` comes). Only the last aborts,
+/// and it aborts before the kernel drops the dead process's POSIX lock.
+fn flush_rule(m: &Served) -> Result<(), String> {
+    let path = m.path("flush-rule");
+    fs::write(&path, "old contents").unwrap();
+    let f = rw(&path);
+    let fd = f.as_raw_fd();
+    let mut wrong = Vec::new();
+
+    // The starter alive closes a copy: no abort.
+    ioctl(&f, START).unwrap();
+    f.write_all_at(b"NEW", 0).unwrap();
+    // SAFETY: dup and close of a descriptor this test owns.
+    unsafe { libc::close(libc::dup(fd)) };
+    if head(&f) != "NEW contents" {
+        wrong.push(format!("the live starter's close of a dup aborted: {:?}", head(&f)));
+    }
+    // A child exits with an inherited copy (its FLUSH comes from a dying process that did not
+    // start the write): no abort.
+    let status = reap(fork_child(|| {}));
+    assert!(libc::WIFEXITED(status), "child status {status:#x}");
+    if head(&f) != "NEW contents" {
+        wrong.push(format!("an exiting child's close of a copy aborted: {:?}", head(&f)));
+    }
+    ioctl(&f, COMMIT).unwrap();
+    if fs::read(&path).unwrap() != b"NEW contents" {
+        wrong.push("the commit after those closes did not keep the write".to_owned());
+    }
+
+    // The starter dies holding a write lock, inside an atomic write; this process keeps its
+    // copy of the open file, so the abort can come only from FLUSH.
+    let mut pipe = [0i32; 2];
+    // SAFETY: pipe writes two descriptors into the array.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+    let child = fork_child(|| {
+        // SAFETY (async-signal-safe calls only): lock, start, write, say so, wait to be killed.
+        unsafe {
+            let mut l: libc::flock = std::mem::zeroed();
+            l.l_type = libc::F_WRLCK as _;
+            l.l_whence = libc::SEEK_SET as _;
+            if libc::fcntl(fd, libc::F_SETLK, &mut l) != 0
+                || libc::ioctl(fd, START as _) != 0
+                || libc::pwrite(fd, b"XYZ".as_ptr().cast(), 3, 0) != 3
+                || libc::write(pipe[1], b"r".as_ptr().cast(), 1) != 1
+            {
+                libc::_exit(1);
+            }
+            loop {
+                libc::pause();
+            }
+        }
+    });
+    // SAFETY: the parent's copy of the write end; a read then ends if the child exits early.
+    unsafe { libc::close(pipe[1]) };
+    let mut ready = [0u8; 1];
+    // SAFETY: reads one byte into a buffer of one.
+    let n = unsafe { libc::read(pipe[0], ready.as_mut_ptr().cast(), 1) };
+    // SAFETY: closes the read end this test owns.
+    unsafe { libc::close(pipe[0]) };
+    assert_eq!(n, 1, "the child failed before its atomic write (status {:#x})", reap(child));
+    assert_eq!(head(&f), "XYZ contents", "readers see the atomic write as it happens");
+    assert_eq!(
+        posix_lock(fd, libc::F_SETLK, libc::F_RDLCK),
+        Err(libc::EAGAIN),
+        "the writer's lock"
+    );
+    // SAFETY: kills the child this test forked.
+    assert_eq!(unsafe { libc::kill(child, libc::SIGKILL) }, 0);
+    // A reader as SQLite's: it waits for the lock, then reads at once.
+    posix_lock(fd, libc::F_SETLKW, libc::F_RDLCK).unwrap();
+    let seen = head(&f);
+    posix_lock(fd, libc::F_SETLK, libc::F_UNLCK).unwrap();
+    let status = reap(child);
+    assert!(libc::WIFSIGNALED(status), "child status {status:#x}");
+    if seen != "NEW contents" {
+        wrong.push(format!("the reader that got the dead writer's lock read {seen:?}"));
+    }
+    drop(f);
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("; "))
+    }
+}
+
+#[test]
+fn flush_aborts_an_atomic_write_only_when_its_process_dies() {
+    require_fuse!();
+    let s = Scratch::new("sqlite-atomic", "flush-rule");
+    let m = s.mount();
+    let before = m.requests();
+    flush_rule(&m).unwrap();
+    let d = m.requests().since(&before);
+    assert_eq!(d.get(Opcode::F2fsStartAtomicWrite), 2, "{d}");
+    // The dup's close, the exiting child's, the killed starter's, the test's own.
+    assert!(d.get(Opcode::Flush) >= 4, "{d}");
+    assert_eq!(m.unmount(), Unmounted::Clean);
+    let m = s.mount();
+    assert_eq!(fs::read(m.path("flush-rule")).unwrap(), b"NEW contents");
+    assert_eq!(m.unmount(), Unmounted::Clean);
+}
+
+#[cfg(feature = "mutants")]
+#[test]
+fn flush_rule_mutants_are_caught() {
+    require_fuse!();
+    for (mutant, caught) in [
+        (FuseMutant::FlushKeepsAtomicWrite, "read \"XYZ contents\""),
+        (FuseMutant::FlushAbortsAlways, "the live starter's close of a dup aborted"),
+    ] {
+        let s = Scratch::new("sqlite-atomic", &format!("flush-{mutant:?}"));
+        let m = s.mount_with(Some(mutant));
+        let found = flush_rule(&m);
+        eprintln!("{mutant:?}: {found:?}");
+        assert!(found.as_ref().is_err_and(|e| e.contains(caught)), "{mutant:?}: {found:?}");
+        assert_eq!(m.unmount(), Unmounted::Clean);
+    }
 }
