@@ -7,6 +7,9 @@
 //! log's own overhead sets (a unit of metadata per write, the snapshot of nothing): the excess
 //! over it is what cleaning costs.
 //!
+//! [`measure`] takes a [`Skew`]: the section overwrites uniformly; `examples/clean_skew.rs`
+//! measures LFS's hot-and-cold skew beside it on a memory device.
+//!
 //! The file system lives on the first `size_mib` MiB of Tally's device ([`Prefix`]), so the
 //! section stays short whatever the device's size.
 
@@ -105,15 +108,56 @@ pub struct CleanSection {
     pub fills: Vec<FillRow>,
 }
 
-struct RunFigures {
-    wa: f64,
-    flushes_per_mib: f64,
-    freed_per_mib: f64,
-    writes_per_s: f64,
-    enospc: bool,
-    reached: f64,
-    live: f64,
-    warmup_done: u64,
+/// How the overwrites choose their files.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Skew {
+    /// Fraction of the files that are hot: the first ones made (at least one).
+    pub hot_files: f64,
+    /// Fraction of the overwrites that go to the hot files; the rest go uniformly to the cold
+    /// ones.
+    pub hot_writes: f64,
+}
+
+impl Skew {
+    /// Every file alike: uniformly random places.
+    pub const UNIFORM: Skew = Skew { hot_files: 1.0, hot_writes: 1.0 };
+    /// LFS's hot-and-cold: 10 % of the files take 90 % of the overwrites.
+    pub const HOT_COLD: Skew = Skew { hot_files: 0.1, hot_writes: 0.9 };
+
+    /// The file of an overwrite among `files`.
+    fn pick(self, rng: &mut fastrand::Rng, files: usize) -> usize {
+        let hot = ((files as f64 * self.hot_files).round() as usize).clamp(1, files.max(1));
+        if hot >= files || rng.f64() < self.hot_writes {
+            rng.usize(..hot.min(files).max(1))
+        } else {
+            rng.usize(hot..files)
+        }
+    }
+}
+
+/// One measurement: a fill, a warm-up and the measured overwrites.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CleanRun {
+    /// Device bytes written ÷ workload bytes written, over the measured overwrites.
+    pub wa: f64,
+    /// Device flushes per MiB the workload wrote.
+    pub flushes_per_mib: f64,
+    /// Segments freed by cleaning per MiB the workload wrote.
+    pub freed_per_mib: f64,
+    /// Overwrites per second (with the maintenance calls).
+    pub writes_per_s: f64,
+    /// The run stopped with ENOSPC.
+    pub enospc: bool,
+    /// Used ÷ free space after mkfs, as `statfs` said after the fill.
+    pub reached: f64,
+    /// Bytes of file data ÷ free space after mkfs.
+    pub live: f64,
+    /// Overwrites of the warm-up done.
+    pub warmup_done: u64,
+    /// Files made.
+    pub files: u64,
+    /// Overwrites measured (asked).
+    pub writes: u64,
 }
 
 /// Measure `fill` and the baseline, `runs` times each, alternating.
@@ -141,14 +185,14 @@ pub(crate) fn run(
         });
     }
     let dev: Arc<dyn Device> = Arc::new(Prefix { inner: tally.dev.clone(), block_count });
-    let mut results: Vec<Vec<RunFigures>> = fills.iter().map(|_| Vec::new()).collect();
+    let mut results: Vec<Vec<CleanRun>> = fills.iter().map(|_| Vec::new()).collect();
     let mut shape = vec![(0u64, 0u64); fills.len()];
     for run in 0..runs {
         for (k, &f) in fills.iter().enumerate() {
             progress(&format!("clean: {:.0} % full, run {}/{runs}", f * 100.0, run + 1));
-            let (figures, files, writes) = one_run(&dev, f, streams, u64::from(run))?;
+            let figures = measure(&dev, f, streams, u64::from(run), Skew::UNIFORM)?;
+            shape[k] = (figures.files, figures.writes);
             results[k].push(figures);
-            shape[k] = (files, writes);
         }
     }
     let rows: Vec<FillRow> = fills
@@ -178,12 +222,19 @@ pub(crate) fn run(
     Ok(CleanSection { size_mib, segment_blocks: SEGMENT_BLOCKS, streams, fills: rows })
 }
 
-fn one_run(
+/// Make a file system on `dev` (4 KiB blocks, segments of 256), fill it to `fill` of its free
+/// space with files of 992 KiB, then overwrite 4 KiB blocks chosen by `skew` (`maintain` every
+/// 256): a warm-up of as many overwrites as the files have blocks, then half as many measured.
+///
+/// # Errors
+/// A device too small for one file; file-system failures other than ENOSPC.
+pub fn measure(
     dev: &Arc<dyn Device>,
     fill: f64,
     streams: u16,
     seed: u64,
-) -> Result<(RunFigures, u64, u64), BenchError> {
+    skew: Skew,
+) -> Result<CleanRun, BenchError> {
     let mkfs = MkfsOptions { segment_blocks: SEGMENT_BLOCKS, streams, uuid: None };
     Fs::mkfs(dev.clone(), &mkfs).map_err(fs_err)?;
     let fs = Fs::mount(dev.clone(), MountOptions::default()).map_err(fs_err)?;
@@ -228,7 +279,7 @@ fn one_run(
     let mut overwrite = |count: u64| -> Result<(u64, u64, bool), BenchError> {
         let mut freed = 0;
         for n in 0..count {
-            let ino = inos[rng.usize(..inos.len())];
+            let ino = inos[skew.pick(&mut rng, inos.len())];
             let off = rng.u64(..blocks_per_file) * bs;
             match fs.write(None, ino, off, &data) {
                 Ok(_) => {}
@@ -254,7 +305,7 @@ fn one_run(
     let d = dev.stats() - before;
     drop(fs);
     let mib = (done * bs) as f64 / f64::from(1u32 << 20);
-    let figures = RunFigures {
+    Ok(CleanRun {
         wa: d.bytes_written as f64 / (done * bs).max(1) as f64,
         flushes_per_mib: d.flushes as f64 / mib.max(f64::MIN_POSITIVE),
         freed_per_mib: freed as f64 / mib.max(f64::MIN_POSITIVE),
@@ -263,14 +314,29 @@ fn one_run(
         reached,
         live,
         warmup_done,
-    };
-    Ok((figures, inos.len() as u64, writes / 2))
+        files: inos.len() as u64,
+        writes: writes / 2,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use tally_media::{IoBuf, MemDevice, WriteFlags};
+
+    #[test]
+    fn a_hot_cold_skew_sends_its_share_to_the_hot_files() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let picks: Vec<usize> = (0..10_000).map(|_| Skew::HOT_COLD.pick(&mut rng, 50)).collect();
+        let hot = picks.iter().filter(|&&f| f < 5).count();
+        assert!((8_700..9_300).contains(&hot), "{hot} of 10,000 to the 5 hot files");
+        assert!(picks.iter().all(|&f| f < 50));
+        assert!(picks.iter().any(|&f| f >= 45), "the cold files are written too");
+        let mut rng = fastrand::Rng::with_seed(7);
+        let uniform: Vec<usize> = (0..10_000).map(|_| Skew::UNIFORM.pick(&mut rng, 50)).collect();
+        assert!(uniform.iter().filter(|&&f| f < 5).count() < 1_300);
+        assert_eq!(Skew::HOT_COLD.pick(&mut rng, 1), 0, "one file is always hot");
+    }
 
     #[test]
     fn prefix_shows_its_blocks_and_refuses_the_rest() {
