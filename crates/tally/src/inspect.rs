@@ -108,6 +108,18 @@ struct StreamView {
     chain: Vec<SegmentView>,
 }
 
+/// What the next crash recovery of this image replays, against the replay budget.
+#[derive(Debug, serde::Serialize)]
+struct ReplayView {
+    /// The replay budget a mount uses unless told otherwise (`-o replay_budget_mib=N`): a
+    /// mount option, not stored in the image.
+    budget_default_mib: u64,
+    /// Bytes a crash recovery of this image reads (the mount above: the checkpoint snapshot,
+    /// if any, and the log it replays after it); online checkpoints keep the log part under
+    /// the budget plus the segments the scan reads around it.
+    recovery_read_bytes: u64,
+}
+
 /// Everything `tally inspect --json` prints.
 #[derive(Debug, serde::Serialize)]
 struct Inspection {
@@ -118,6 +130,7 @@ struct Inspection {
     from_snapshot: bool,
     free_segments: Option<u32>,
     mount: Option<MountReport>,
+    replay: Option<ReplayView>,
     error: Option<String>,
 }
 
@@ -154,6 +167,7 @@ pub fn run(args: &Args) -> ExitCode {
         from_snapshot: sb.1.snapshot.is_some(),
         free_segments: None,
         mount: None,
+        replay: None,
         error: None,
     };
     let mut code = 0;
@@ -269,6 +283,13 @@ fn add_usage(view: &mut Inspection, fs: &Fs) -> tally_fs::Result<()> {
             })
             .collect();
     }
+    view.replay = Some(ReplayView {
+        budget_default_mib: tally_fs::REPLAY_BUDGET_DEFAULT >> 20,
+        recovery_read_bytes: fs
+            .mount_report()
+            .blocks_read
+            .saturating_mul(u64::from(fs.block_size())),
+    });
     Ok(())
 }
 
@@ -296,8 +317,9 @@ fn print_text(v: &Inspection) {
     match (sb.snapshot_segment, sb.checkpoint_snapshot_generation) {
         (Some(seg), Some(generation)) => println!(
             "  snapshot: a checkpoint snapshot (generation {generation}) starts at segment {seg}: \
-             a mount reads it, then replays each stream's log after its checkpoint — at most the \
-             replay budget written since (`tally mount -o replay_budget_mib=N`, 64 by default)"
+             the last checkpoint; a crash recovery reads it, then replays what each stream \
+             logged after the position the snapshot records (not from the stream's checkpoint \
+             below, which only cleaning moves)"
         ),
         (Some(seg), None) => println!(
             "  snapshot: a clean unmount's snapshot starts at segment {seg} (the next mount reads \
@@ -314,6 +336,16 @@ fn print_text(v: &Inspection) {
         println!(
             "  file system: {} inodes; mount read {} blocks, replayed {} transactions",
             m.inodes, m.blocks_read, m.transactions_replayed
+        );
+    }
+    if let Some(r) = &v.replay {
+        println!(
+            "  replay: a crash recovery reads {} KiB (the checkpoint snapshot and the log after \
+             it); replay budget {} MiB by default (`tally mount -o replay_budget_mib=N`, not \
+             stored in the image): a mount writes a checkpoint snapshot once that much log is \
+             written after the last one",
+            r.recovery_read_bytes.div_ceil(1024),
+            r.budget_default_mib
         );
     }
     for s in &v.streams {
