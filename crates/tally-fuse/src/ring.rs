@@ -56,7 +56,10 @@ pub(crate) struct Layout {
     /// CPU its caller runs on).
     pub queue_count: u16,
     /// Threads per queue, one entry each: a request that waits (an `fsync`, a transaction)
-    /// holds one thread, and the queue's other requests go to the others.
+    /// holds one thread, and the queue's other requests go to the others. The kernel never
+    /// moves a request to another queue, so a queue needs as many entries as its CPU's
+    /// callers may have waiting at once: varmail's 16 threads on 2 CPUs went from 0.5x to
+    /// 1.2x ext4's operations/s between 2 and 8 a queue (docs/bench/mount.md).
     pub threads_per_queue: u16,
     /// Bytes of each entry's payload buffer: at least the kernel's largest request or answer
     /// (`max(max_write, max_pages × page size)`), or registration fails.
@@ -65,14 +68,14 @@ pub(crate) struct Layout {
 
 impl Layout {
     /// The layout for this machine: `threads` as `MountConfig::threads` asks, spread over
-    /// the queues (at least two a queue on a small machine), and payloads for `max_write`.
+    /// the queues (at least two a queue on a small machine, at most
+    /// [`THREADS_PER_QUEUE_MAX`]), and payloads for `max_write`.
     pub(crate) fn for_machine(threads: usize, max_write: u32) -> Layout {
         // SAFETY: sysconf has no preconditions. The kernel has one queue per possible CPU;
         // _SC_NPROCESSORS_CONF counts those configured (libfuse uses the same).
         let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
         let queue_count = u16::try_from(cpus).ok().filter(|&n| n > 0).unwrap_or(1);
-        let floor = if queue_count <= 4 { 2 } else { 1 };
-        let per_queue = threads.div_ceil(usize::from(queue_count)).clamp(floor, 4);
+        let per_queue = threads_per_queue(threads, queue_count);
         // SAFETY: sysconf has no preconditions.
         let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
             .ok()
@@ -86,12 +89,20 @@ impl Layout {
             .unwrap_or(usize::MAX)
             .max(limit_pages.saturating_mul(page))
             .max(8192);
-        Layout {
-            queue_count,
-            threads_per_queue: u16::try_from(per_queue).unwrap_or(1),
-            payload_size,
-        }
+        Layout { queue_count, threads_per_queue: per_queue, payload_size }
     }
+}
+
+/// Most threads (entries) a queue gets: each holds a payload buffer of `max_write` or more
+/// (virtual memory, touched only as far as requests fill it) and a thread's stack.
+pub(crate) const THREADS_PER_QUEUE_MAX: u16 = 16;
+
+/// `threads` spread over `queue_count` queues: at least 2 a queue up to 4 queues (a waiting
+/// request must leave one for the rest), 1 beyond, at most [`THREADS_PER_QUEUE_MAX`].
+fn threads_per_queue(threads: usize, queue_count: u16) -> u16 {
+    let floor = if queue_count <= 4 { 2 } else { 1 };
+    let per_queue = threads.div_ceil(usize::from(queue_count.max(1)));
+    u16::try_from(per_queue).unwrap_or(u16::MAX).clamp(floor, THREADS_PER_QUEUE_MAX)
 }
 
 /// Start the ring: `fd` is the session's `/dev/fuse` (a duplicate), after an `INIT` that took
@@ -274,4 +285,31 @@ fn push(ring: &mut IoUring<Entry128, cqueue::Entry>, sqe: &Entry128) -> io::Resu
     // thread's `Slot`) until the thread ends, after the kernel has ended the command.
     let pushed = unsafe { ring.submission().push(sqe) };
     pushed.map_err(|_| io::Error::other("ring submission queue full"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_threads_give_a_small_machine_room_for_waiting_requests() {
+        let default = crate::MountConfig::default().threads;
+        // Up to 4 CPUs, a queue holds at least 8 requests at once with the defaults (16
+        // varmail threads on 2 CPUs: 8 a queue); 2 before, when an fsync or a transaction's
+        // waiter held half a queue.
+        for queues in 1..=4u16 {
+            assert!(threads_per_queue(default, queues) >= 8, "{queues} queues");
+        }
+        assert_eq!(threads_per_queue(default, 2), 16);
+        assert_eq!(threads_per_queue(default, 64), 1);
+    }
+
+    #[test]
+    fn threads_per_queue_stays_within_its_bounds() {
+        assert_eq!(threads_per_queue(1, 2), 2);
+        assert_eq!(threads_per_queue(1, 8), 1);
+        assert_eq!(threads_per_queue(9, 4), 3);
+        assert_eq!(threads_per_queue(usize::MAX, 1), THREADS_PER_QUEUE_MAX);
+        assert_eq!(threads_per_queue(5, 0), 5);
+    }
 }

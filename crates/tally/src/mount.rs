@@ -75,9 +75,9 @@ pub struct MountArgs {
     /// Mount options, e.g. -o allow_other,noatime (see below).
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
-    /// Threads serving kernel requests through /dev/fuse (default: cores, between 2 and 8);
-    /// with FUSE over io_uring, the ring's threads per queue follow it (at least 2 a queue
-    /// up to 4 queues, at most 4).
+    /// Threads serving kernel requests through /dev/fuse (default: 32; a waiting fsync holds
+    /// one); with FUSE over io_uring, spread over the ring's queues (at least 2 a queue up to
+    /// 4 queues, at most 16).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     threads: Option<u16>,
     /// Log file of the daemon.
