@@ -110,6 +110,36 @@ fn a_tree_of_many_segments_commits_with_one_flush() {
     check_tree(&fs, b"tree", 3000);
 }
 
+/// Explicit transactions do not hold their contents in DRAM: 256 MiB written in one
+/// transaction (four times the data the file system keeps in memory before it writes it out
+/// itself): the data held in memory stays within that limit and a write (64 MiB, a quarter of
+/// the transaction), and everything is there after the commit and after a crash.
+#[test]
+fn a_transaction_four_times_the_cache_is_not_held_in_memory() {
+    const MIB: u64 = 1 << 20;
+    let dev = fresh(640);
+    let fs = mount(&dev);
+    let txn = fs.begin().unwrap();
+    let ino = fs.create(Some(&txn), ROOT, b"big", 0o644, ME).unwrap().ino;
+    let mut held_max = 0;
+    for i in 0..256u64 {
+        fs.write(Some(&txn), ino, i * MIB, &content(i, MIB as usize)).unwrap();
+        held_max = held_max.max(fs.data_bytes_in_memory());
+    }
+    println!("256 MiB in one transaction: at most {} MiB of data held in memory", held_max >> 20);
+    assert!(held_max <= 80 * MIB, "{held_max} bytes held in memory");
+    fs.commit_durable(txn).unwrap();
+    let check = |fs: &Fs| {
+        for i in [0, 1, 127, 255] {
+            assert!(fs.read(ino, i * MIB, MIB as usize).unwrap() == content(i, MIB as usize));
+        }
+    };
+    check(&fs);
+    drop(fs); // a crash: no unmount, no snapshot
+    let fs = mount(&dev);
+    check(&fs);
+}
+
 /// An abort after parts went out (and were even made durable by a sync) leaves nothing: not
 /// in memory, not after a remount; the file the transaction overwrote keeps its contents.
 #[test]

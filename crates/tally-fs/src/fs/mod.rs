@@ -434,6 +434,17 @@ impl Fs {
         (self.replay_budget_blocks != u64::MAX).then_some(self.replay_budget_blocks)
     }
 
+    /// Bytes of file data held in memory: blocks not yet durable, and blocks of open explicit
+    /// transactions not yet written out in a part. A walk of every block map (O(blocks)): for
+    /// tests and diagnostics, not for a hot path.
+    #[must_use]
+    pub fn data_bytes_in_memory(&self) -> u64 {
+        let st = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let blocks = st.inodes.values().flat_map(|i| i.blocks.values());
+        let held = blocks.filter(|b| b.data.is_some()).count() as u64;
+        held.saturating_mul(u64::from(self.bs))
+    }
+
     /// How the mount went (snapshot or scan, blocks read, time).
     #[must_use]
     pub fn mount_report(&self) -> MountReport {
