@@ -36,7 +36,8 @@
 //! is rolled back, changing nothing. WAL databases cannot join (`AtomicError::Wal`). A
 //! database shrinking at commit (auto-vacuum) is truncated after the commit, outside the
 //! group, on every database but the first: harmless (the header's page count is what SQLite
-//! trusts), but not part of the transaction.
+//! trusts), but not part of the transaction (`tests/attach_crash.rs` crashes a workload whose
+//! every second commit shrinks both databases).
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
