@@ -1,7 +1,8 @@
 //! `tally inspect` shows the replay budget and where the last checkpoint is (issue 15 part 2):
 //! on an image left by a crash after a long write loop, with online checkpoints (a small
 //! budget) and without them, it names the checkpoint snapshot and each stream's checkpoint,
-//! and what a crash recovery reads, which the budget keeps short.
+//! and what a crash recovery reads, which the budget keeps short; and `tally mount -o
+//! replay_budget_mib=N` sets the budget a daemon checkpoints by.
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::{code, scratch, stdout, tally, text};
+use common::{code, require_fuse, scratch, sigkill, stdout, tally, text, umount_lazy};
 use tally_fs::{Fs, MountOptions, Owner, ROOT};
 use tally_media::{Device, FileDevice, FileOptions};
 
@@ -88,5 +89,60 @@ fn inspect_shows_the_replay_budget_and_the_last_checkpoint() {
     assert!(a_text.contains(&format!("a crash recovery reads {} KiB", with_read.div_ceil(1024))));
     eprintln!("recovery reads {with_read} bytes with a 1 MiB budget, {without_read} without");
     eprintln!("{a_text}");
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// `tally mount -o replay_budget_mib=N` (needs FUSE): `budget_mib` MiB, then 128 MiB of 1 MiB
+/// overwrites of one file through the mount, fsynced every 4 MiB, and the daemon SIGKILLed.
+fn killed_daemon_image(dir: &Path, name: &str, budget_mib: u64) -> std::path::PathBuf {
+    let image = dir.join(name);
+    let mnt = dir.join(format!("{name}-mnt"));
+    let log = dir.join(format!("{name}.log"));
+    fs::create_dir_all(&mnt).unwrap();
+    let out = tally(&["mkfs", "--size", "1G"], &[&image]);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    let option = format!("replay_budget_mib={budget_mib}");
+    let mut cmd = common::tally_command();
+    cmd.arg("mount").arg("--log").arg(&log).args(["-o", &option]).arg(&image).arg(&mnt);
+    let out = cmd.output().unwrap();
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    let guard = common::Unmount(mnt.clone());
+    let pid = common::daemon_pid(&out);
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = fs::File::create(mnt.join("f")).unwrap();
+        for i in 0..128u64 {
+            f.seek(SeekFrom::Start((i % 8) << 20)).unwrap();
+            f.write_all(&vec![(i as u8) | 1; 1 << 20]).unwrap();
+            if i % 4 == 3 {
+                f.sync_all().unwrap();
+            }
+        }
+    }
+    sigkill(pid);
+    umount_lazy(&mnt);
+    drop(guard);
+    image
+}
+
+#[test]
+fn the_mount_option_sets_the_budget_the_daemon_checkpoints_by() {
+    require_fuse!();
+    let dir = scratch("inspect-replay", "mount-option");
+    let small = killed_daemon_image(&dir, "budget-4", 4);
+    let off = killed_daemon_image(&dir, "budget-0", 0);
+    let (a, _) = inspect(&small);
+    let (b, _) = inspect(&off);
+    // With a 4 MiB budget the daemon wrote checkpoint snapshots; with 0 (online checkpoints
+    // off) none, and the recovery reads the whole history.
+    assert!(a["superblock"]["checkpoint_snapshot_generation"].is_u64(), "{}", a["superblock"]);
+    assert!(b["superblock"]["checkpoint_snapshot_generation"].is_null(), "{}", b["superblock"]);
+    let read = |v: &serde_json::Value| v["replay"]["recovery_read_bytes"].as_u64().unwrap();
+    let (small_read, off_read) = (read(&a), read(&b));
+    eprintln!(
+        "after a SIGKILL: recovery reads {small_read} bytes (4 MiB budget), {off_read} (none)"
+    );
+    assert!(off_read >= 128 << 20, "without checkpoints: {off_read} bytes read");
+    assert!(small_read < off_read, "4 MiB budget {small_read}, none {off_read}");
     let _ = fs::remove_dir_all(&dir);
 }
