@@ -1,5 +1,6 @@
 //! The "Linux-style" ordering baseline of issue 18's benchmark (what RIO is measured against):
-//! each thread writes a transaction's two blocks (a unit and a data block), waits for them,
+//! each thread writes a transaction's blocks (a unit and `--blocks` data blocks, default 1, as
+//! `tally bench tx --blocks`), waits for them,
 //! flushes, and only then sends the next: order by waiting for durability, one flush per
 //! ordered write. Run over one NBD export or a multi-target image of several (a `SpanDevice`
 //! striped at `--stripe` blocks; thread `t` writes in stripe `t`, so threads spread over the
@@ -34,6 +35,7 @@ fn main() {
     let mut threads = 1u16;
     let mut seconds = 2.0f64;
     let mut stripe = 256u32;
+    let mut blocks = 1u32;
     let mut uris = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -42,6 +44,7 @@ fn main() {
             "--threads" => threads = value().parse().expect("--threads N"),
             "--seconds" => seconds = value().parse().expect("--seconds S"),
             "--stripe" => stripe = value().parse().expect("--stripe BLOCKS"),
+            "--blocks" => blocks = value().parse().expect("--blocks N (data blocks a transaction)"),
             _ => uris.push(arg),
         }
     }
@@ -69,11 +72,12 @@ fn main() {
             let (dev, txs) = (&dev, &txs);
             scope.spawn(move || {
                 let base = lead + u64::from(t) * u64::from(stripe);
-                let slots = u64::from(stripe / 2).max(1);
-                let data = IoBuf::from_slice(&vec![t as u8 ^ 0x5a; 2 * block_size]);
+                let per_tx = u64::from(blocks) + 1;
+                let slots = (u64::from(stripe) / per_tx).max(1);
+                let data = IoBuf::from_slice(&vec![t as u8 ^ 0x5a; per_tx as usize * block_size]);
                 let mut i = 0u64;
                 while Instant::now() < deadline {
-                    let write = Write::new(base + 2 * (i % slots), data.clone());
+                    let write = Write::new(base + per_tx * (i % slots), data.clone());
                     let ticket = dev.submit_stream(t, vec![write], WriteFlags::NONE).unwrap();
                     dev.wait(ticket).unwrap();
                     dev.flush().unwrap();
@@ -89,7 +93,7 @@ fn main() {
     let flushes: u64 = nbd.iter().map(|d| d.stats().flushes).sum::<u64>() - flushes_before;
     let per_tx = |x: f64| if tx == 0 { 0.0 } else { x / tx as f64 };
     println!(
-        "{{\"targets\": {}, \"threads\": {threads}, \"tx\": {tx}, \"tx_per_sec\": {:.1}, \
+        "{{\"targets\": {}, \"threads\": {threads}, \"blocks\": {blocks}, \"tx\": {tx}, \"tx_per_sec\": {:.1}, \
          \"flushes_per_tx\": {:.3}, \"cpu_us_per_tx\": {:.1}}}",
         nbd.len(),
         tx as f64 / elapsed,
