@@ -164,13 +164,18 @@ fn an_abort_after_parts_leaves_nothing() {
     assert!(fs.read(keep, 0, old.len()).unwrap() == old);
 }
 
-/// A crash while the transaction runs, after its parts are durable: nothing of it survives.
+/// A crash while the transaction runs, after its parts are durable: nothing of it survives,
+/// and its parts are garbage: free at once in `statfs`, and that space can be written (cleaning
+/// reclaims the dead parts when it is needed).
 #[test]
 fn a_crash_before_the_commit_leaves_nothing() {
     let dev = fresh(160);
     let fs = mount(&dev);
     fs.create(None, ROOT, b"before", 0o644, ME).unwrap();
     let before = names(&fs);
+    fs.sync().unwrap();
+    let free_before = fs.statfs().blocks_free;
+    let written_before = dev.stats().bytes_written;
     let txn = fs.begin().unwrap();
     write_tree(&fs, &txn, b"tree", 400).unwrap();
     fs.sync().unwrap();
@@ -179,9 +184,31 @@ fn a_crash_before_the_commit_leaves_nothing() {
     // The crash: the file system goes away with the transaction still open (`Txn` is a
     // handle; nothing ends the transaction when it is dropped).
     let _ = txn;
+    let parts_blocks = (dev.stats().bytes_written - written_before) / 4096;
     drop(fs);
     let fs = mount(&dev);
     assert_eq!(names(&fs), before);
+    // Free as before, up to the unused ends of the two streams' current segments (reserved,
+    // and moved by the parts' writes): far less than the parts took.
+    let free_after = fs.statfs().blocks_free;
+    println!("free {free_before} blocks before, {free_after} after ({parts_blocks} in parts)");
+    let ends = 2 * u64::from(SEGMENT_BLOCKS);
+    assert!(parts_blocks > 2 * ends, "the parts took {parts_blocks} blocks");
+    assert!(
+        free_after + ends >= free_before,
+        "free {free_before} blocks before, {free_after} after the crash ({parts_blocks} in parts)"
+    );
+    // What statfs calls free, less a tenth, is written: the parts' segments are reclaimed.
+    let ino = fs.create(None, ROOT, b"fill", 0o644, ME).unwrap().ino;
+    let chunk = vec![0x5A_u8; 1 << 20];
+    let fill_blocks = free_after / 10 * 9;
+    for i in 0..fill_blocks / 256 {
+        if let Err(e) = fs.write(None, ino, i << 20, &chunk) {
+            panic!("writing MiB {i} of {}: {e} ({:?})", fill_blocks / 256, fs.space());
+        }
+    }
+    fs.sync().unwrap();
+    assert!(fs.fsck().is_clean());
 }
 
 /// A transaction larger than the free space fails with `ENOSPC` (a write inside it, or its
