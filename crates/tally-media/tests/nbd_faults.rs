@@ -9,6 +9,9 @@
 //! next open, without the error, loses nothing.
 //!
 //! The same on a three-target image whose target 1 alone fails: the whole device fails stop.
+//! And with `qemu-nbd`: three servers of a multi-target image killed at random moments of a
+//! workload, five times: the workload fails at once, and each restart recovers everything
+//! acknowledged durable.
 
 mod nbd_common;
 
@@ -16,7 +19,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nbd_common::{have, Nbdkit, Scratch};
+use nbd_common::{have, Nbdkit, QemuNbd, Scratch};
 use tally_log::{Log, LogConfig, LogError, OpenOptions, Transaction};
 use tally_media::{Device, NbdDevice, NbdOptions, SpanDevice, SpanLayout};
 
@@ -119,7 +122,12 @@ fn assert_failed_stop(log: &Log, seen: &Committed) {
 /// Open the image again and check: every durable commit is there, each stream a prefix of
 /// what was tried, every record as written.
 fn assert_recovers(dev: Arc<dyn Device>, seen: &Committed) {
-    let (_log, rec) = Log::open(dev, OpenOptions::default()).expect("recovery after the fault");
+    recover_and_check(dev, seen);
+}
+
+/// [`assert_recovers`], returning the log and, per stream, how many transactions it recovered.
+fn recover_and_check(dev: Arc<dyn Device>, seen: &Committed) -> (Log, Vec<u64>) {
+    let (log, rec) = Log::open(dev, OpenOptions::default()).expect("recovery after the fault");
     for (s, stream) in rec.streams.iter().enumerate() {
         let got = stream.txs.len() as u64;
         assert!(
@@ -133,6 +141,8 @@ fn assert_recovers(dev: Arc<dyn Device>, seen: &Committed) {
             assert_eq!(tx.records, vec![record(s as u16, n as u64)], "stream {s} tx {n}");
         }
     }
+    let counts = rec.streams.iter().map(|s| s.txs.len() as u64).collect();
+    (log, counts)
 }
 
 fn file_server(dir: &Scratch, name: &str, switches: Option<(&Path, &Path)>) -> Nbdkit {
@@ -311,4 +321,74 @@ fn a_connection_cut_mid_commit_fails_at_once_and_a_new_open_recovers() {
     let server = Nbdkit::start(&socket, &[], &["file", &file]);
     let dev: Arc<dyn Device> = Arc::new(NbdDevice::open_uri(&server.uri, options()).unwrap());
     assert_recovers(dev, &seen);
+}
+
+/// qemu-nbd: a three-target image whose servers are all killed at a random moment of the
+/// workload, five times. Each time the workload fails at once with a clear error, and the
+/// restarted servers' images recover every commit acknowledged durable, each stream a prefix.
+#[test]
+fn qemu_nbd_targets_killed_mid_workload_fail_at_once_and_recover_every_durable_commit() {
+    if !have("qemu-nbd") {
+        return;
+    }
+    let dir = Scratch::new("nbd-faults-qemu");
+    let sockets: Vec<_> = (0..3).map(|i| dir.path(&format!("q{i}.sock"))).collect();
+    let images: Vec<_> = (0..3).map(|i| dir.path(&format!("q{i}.img"))).collect();
+    for image in &images {
+        std::fs::File::create(image).unwrap().set_len(16 << 20).unwrap();
+    }
+    let start = || -> Vec<QemuNbd> {
+        sockets.iter().zip(&images).map(|(s, i)| QemuNbd::start(s, i)).collect()
+    };
+    let open = |servers: &[QemuNbd], format: bool| -> Arc<dyn Device> {
+        let targets = servers
+            .iter()
+            .map(|s| {
+                Arc::new(NbdDevice::open_uri(&s.uri, options()).expect("open qemu-nbd"))
+                    as Arc<dyn Device>
+            })
+            .collect();
+        let layout = SpanLayout { stripe_blocks: SEGMENT_BLOCKS, lead_blocks: 2 };
+        let span =
+            if format { SpanDevice::format(targets, layout) } else { SpanDevice::open(targets) };
+        Arc::new(span.expect("the qemu-nbd targets"))
+    };
+    let mut servers = start();
+    let dev = open(&servers, true);
+    format(&*dev);
+    let (mut log, _) = Log::open(dev, OpenOptions::default()).unwrap();
+    let mut seen = Committed::new();
+    let mut rng = fastrand::Rng::with_seed(18);
+    for cycle in 0..5 {
+        let pids: Vec<u32> = servers.iter().map(QemuNbd::pid).collect();
+        let wait = Duration::from_millis(rng.u64(50..400));
+        let killer = std::thread::spawn(move || {
+            std::thread::sleep(wait);
+            for pid in pids {
+                let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
+            Instant::now()
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let error = loop {
+            if let Err(e) = commit_some(&log, &mut seen, 10) {
+                break e;
+            }
+            assert!(Instant::now() < deadline, "cycle {cycle}: the workload never failed");
+        };
+        let failed_at = Instant::now();
+        let killed_at = killer.join().unwrap();
+        let late = failed_at.saturating_duration_since(killed_at);
+        println!("cycle {cycle}: {error} ({late:?} after the kill), {seen:?}");
+        assert!(late < Duration::from_secs(3), "cycle {cycle}: the kill was seen after {late:?}");
+        assert_failed_stop(&log, &seen);
+        drop(log);
+        for s in &mut servers {
+            s.kill();
+        }
+        servers = start();
+        let (recovered, counts) = recover_and_check(open(&servers, false), &seen);
+        log = recovered;
+        seen = Committed { tried: counts.clone(), committed: counts.clone(), durable: counts };
+    }
 }

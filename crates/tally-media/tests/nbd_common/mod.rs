@@ -102,3 +102,64 @@ impl Drop for Nbdkit {
         self.kill();
     }
 }
+
+/// A `qemu-nbd` process serving a raw image on a Unix socket (up to 8 clients, the host's page
+/// cache as its cache), killed (SIGKILL) on drop.
+pub struct QemuNbd {
+    child: Child,
+    pub uri: String,
+}
+
+impl QemuNbd {
+    pub fn start(socket: &Path, image: &Path) -> QemuNbd {
+        let pid = socket.with_extension("pid");
+        let _ = std::fs::remove_file(&pid);
+        let _ = std::fs::remove_file(socket);
+        let args: Vec<String> = vec![
+            "-k".into(),
+            socket.display().to_string(),
+            "--pid-file".into(),
+            pid.display().to_string(),
+            "-f".into(),
+            "raw".into(),
+            "-e".into(),
+            "8".into(),
+            "--cache=writeback".into(),
+            image.display().to_string(),
+        ];
+        let mut child = Command::new("qemu-nbd")
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start qemu-nbd: {e}"));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !pid.exists() {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("qemu-nbd {args:?} exited before it was ready: {status}");
+            }
+            assert!(Instant::now() < deadline, "qemu-nbd not ready after 20 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let uri = format!("nbd+unix:///?socket={}", socket.display());
+        QemuNbd { child, uri }
+    }
+
+    /// Its process id (to kill it from another thread).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kill it at once (SIGKILL) and reap it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for QemuNbd {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
