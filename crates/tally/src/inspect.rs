@@ -360,16 +360,23 @@ fn print_text(v: &Inspection) {
             c.seq, c.epoch, c.segment, c.offset, c.next_segment
         );
         // The per-stream picture: checkpointed | durable in the log | dropped.
+        // With a checkpoint snapshot, what recovery keeps is what the stream logged after the
+        // snapshot's position, replayed on top of it; with a clean unmount's, nothing.
+        let checkpoint_snapshot = v.superblock.checkpoint_snapshot_generation.is_some();
+        let base = if checkpoint_snapshot {
+            "[the checkpoint snapshot's state]".to_owned()
+        } else {
+            format!("[checkpoint <= {}]", c.seq)
+        };
         let picture = match &s.recovered {
-            Some(r) if v.from_snapshot => format!(
+            Some(r) if v.from_snapshot && !checkpoint_snapshot => format!(
                 "[checkpoint <= {}] + the snapshot's state; nothing to replay (epoch {} after \
                  mount)",
                 c.seq, r.epoch_after_recovery
             ),
             Some(r) => match (r.first_seq, r.last_seq) {
                 (Some(a), Some(b)) => format!(
-                    "[checkpoint <= {}][durable in the log: seq {a}..={b}, {} transactions]{}",
-                    c.seq,
+                    "{base}[durable in the log: seq {a}..={b}, {} transactions]{}",
                     r.transactions,
                     if r.cut_by_dependency > 0 {
                         format!(
@@ -380,7 +387,7 @@ fn print_text(v: &Inspection) {
                         String::new()
                     }
                 ),
-                _ => format!("[checkpoint <= {}][nothing after it in the log]", c.seq),
+                _ => format!("{base}[nothing after it in the log]"),
             },
             None => "recovery did not run".to_owned(),
         };

@@ -69,6 +69,17 @@ fn inspect_shows_the_replay_budget_and_the_last_checkpoint() {
         assert!(s["checkpoint"]["segment"].is_u64(), "{s}");
     }
     assert!(a_text.contains("  checkpoint: seq "), "{a_text}");
+    // What each stream replays on top of the checkpoint snapshot: the transactions the mount
+    // replayed, not 'nothing to replay' as after a clean unmount's snapshot.
+    let kept: u64 = a["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["recovered"]["transactions"].as_u64().unwrap())
+        .sum();
+    assert_eq!(kept, a["mount"]["transactions_replayed"].as_u64().unwrap(), "{a}");
+    assert!(a_text.contains("durable: [the checkpoint snapshot's state]["), "{a_text}");
+    assert!(!a_text.contains("nothing to replay"), "{a_text}");
 
     // The replay budget, and what a crash recovery reads against it.
     let read = |v: &serde_json::Value| v["replay"]["recovery_read_bytes"].as_u64().unwrap();
