@@ -18,6 +18,9 @@
 //! - **integrity**: `Fs::fsck` is clean after every recovery, and `tally fsck A B C` after the
 //!   last.
 //!
+//! The same with target 1 slow (every write delayed 2 ms by the `delay` filter): writes
+//! complete out of order across targets. 100 cycles each.
+//!
 //! Broken variant: a flush round that flushes only target 0 (`SpanMutant::FlushFirstOnly`,
 //! tally-media's `mutants` feature, which `--all-features` turns on through this crate's
 //! `mutants`), caught as an acknowledged file lost or damaged. Needs nbdkit: without it the
@@ -103,9 +106,16 @@ struct Counts {
     one_killed: u64,
 }
 
-fn start(dir: &Scratch, index: usize) -> Nbdkit {
+/// Target `index`'s server; with `slow_ms`, target 1 holds every write that long before it
+/// reaches its cache (the `delay` filter), so writes complete out of order across targets.
+fn start(dir: &Scratch, index: usize, slow_ms: u32) -> Nbdkit {
     let (socket, image) = (dir.path(&format!("s{index}.sock")), dir.path(&format!("t{index}.img")));
     let file = format!("file={}", image.display());
+    if slow_ms > 0 && index == 1 {
+        let delay = format!("delay-write={slow_ms}ms");
+        let params = ["file", file.as_str(), "cache=writeback", delay.as_str()];
+        return Nbdkit::start(&socket, &["delay", "cache"], &params);
+    }
     Nbdkit::start(&socket, &["cache"], &["file", file.as_str(), "cache=writeback"])
 }
 
@@ -283,7 +293,12 @@ fn work(
 }
 
 /// Run `cycles` kill cycles; `Err` is the first violation with its cycle.
-fn kill_cycles(cycles: u64, seed: u64, mutant: Option<SpanMutant>) -> Result<Counts, String> {
+fn kill_cycles(
+    cycles: u64,
+    seed: u64,
+    mutant: Option<SpanMutant>,
+    slow_ms: u32,
+) -> Result<Counts, String> {
     let dir = Scratch::new("nbd-fs-kill");
     for i in 0..TARGETS {
         std::fs::File::create(dir.path(&format!("t{i}.img")))
@@ -291,7 +306,7 @@ fn kill_cycles(cycles: u64, seed: u64, mutant: Option<SpanMutant>) -> Result<Cou
             .set_len(TARGET_BYTES)
             .unwrap();
     }
-    let mut servers: Vec<Nbdkit> = (0..TARGETS).map(|i| start(&dir, i)).collect();
+    let mut servers: Vec<Nbdkit> = (0..TARGETS).map(|i| start(&dir, i, slow_ms)).collect();
     let uris: Vec<String> = servers.iter().map(|s| s.uri.clone()).collect();
     let uri_refs: Vec<&Path> = uris.iter().map(Path::new).collect();
     let out = tally(&["mkfs", "--streams", &STREAMS.to_string()], &uri_refs);
@@ -344,10 +359,10 @@ fn kill_cycles(cycles: u64, seed: u64, mutant: Option<SpanMutant>) -> Result<Cou
         // The daemon's crash: no unmount, no snapshot.
         drop(fs);
         if all {
-            servers = (0..TARGETS).map(|i| start(&dir, i)).collect();
+            servers = (0..TARGETS).map(|i| start(&dir, i, slow_ms)).collect();
         } else {
             counts.one_killed += 1;
-            servers[first] = start(&dir, first);
+            servers[first] = start(&dir, first, slow_ms);
         }
     }
     // The last recovery, on a correct device, then the command line's fsck of the list.
@@ -372,9 +387,9 @@ fn a_file_system_over_three_killed_servers_keeps_every_fsynced_file() {
         return;
     }
     let seed = env_u64("TALLY_NBD_FS_KILL_SEED").unwrap_or_else(|| fastrand::u64(..));
-    let cycles = env_u64("TALLY_NBD_FS_KILL_CYCLES").unwrap_or(30);
+    let cycles = env_u64("TALLY_NBD_FS_KILL_CYCLES").unwrap_or(100);
     let started = Instant::now();
-    let counts = kill_cycles(cycles, seed, None).unwrap_or_else(|e| {
+    let counts = kill_cycles(cycles, seed, None, 0).unwrap_or_else(|e| {
         panic!("{e}\nreplay: TALLY_NBD_FS_KILL_SEED={seed} cargo test --release -p tally --test nbd_fs_kill")
     });
     eprintln!("{cycles} kill cycles (seed {seed}) in {:?}: {counts:?}", started.elapsed());
@@ -386,6 +401,28 @@ fn a_file_system_over_three_killed_servers_keeps_every_fsynced_file() {
         counts.undone > 0,
         "no kill undid anything: are the caches writing through? {counts:?}"
     );
+}
+
+/// The same with target 1 slow (every write held 2 ms): a stream's later writes to the other
+/// targets complete, and may be flushed by a round, before its earlier ones to target 1.
+#[test]
+fn one_slow_target_of_three_keeps_every_fsynced_file() {
+    if !have("nbdkit") {
+        return;
+    }
+    let seed = env_u64("TALLY_NBD_FS_KILL_SEED").unwrap_or_else(|| fastrand::u64(..));
+    let cycles = env_u64("TALLY_NBD_FS_KILL_CYCLES").unwrap_or(100);
+    let started = Instant::now();
+    let counts = kill_cycles(cycles, seed, None, 2).unwrap_or_else(|e| {
+        panic!("{e}\nreplay: TALLY_NBD_FS_KILL_SEED={seed} cargo test --release -p tally --test nbd_fs_kill one_slow")
+    });
+    eprintln!(
+        "{cycles} kill cycles, target 1 slow (seed {seed}) in {:?}: {counts:?}",
+        started.elapsed()
+    );
+    assert!(counts.durable_checked >= cycles * 4, "{counts:?}");
+    assert!(counts.acknowledged >= cycles * 3, "{counts:?}");
+    assert!(counts.undone > 0, "no kill undid anything: {counts:?}");
 }
 
 // scripts/test runs this crate twice: with every feature (the mutant is compiled in and this
@@ -404,7 +441,7 @@ fn a_flush_round_that_flushes_only_the_first_target_loses_fsynced_files() {
         "this crate's `mutants` feature turns on tally-media's, which the broken flush needs"
     );
     let seed = env_u64("TALLY_NBD_FS_KILL_SEED").unwrap_or_else(|| fastrand::u64(..));
-    let outcome = kill_cycles(30, seed, Some(SpanMutant::FlushFirstOnly));
+    let outcome = kill_cycles(30, seed, Some(SpanMutant::FlushFirstOnly), 0);
     let e = outcome.expect_err("only target 0 is flushed, yet every fsynced file survived");
     let lost =
         e.contains("acknowledged durable") || e.contains("recovery failed") || e.contains("fsck");
