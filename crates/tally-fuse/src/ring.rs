@@ -58,8 +58,8 @@ pub(crate) struct Layout {
     /// Threads per queue, one entry each: a request that waits (an `fsync`, a transaction)
     /// holds one thread, and the queue's other requests go to the others. The kernel never
     /// moves a request to another queue, so a queue needs as many entries as its CPU's
-    /// callers may have waiting at once: varmail's 16 threads on 2 CPUs went from 0.5x to
-    /// 1.2x ext4's operations/s between 2 and 8 a queue (docs/bench/mount.md).
+    /// callers may have waiting at once: varmail's 16 threads on 2 CPUs went from 0.37x to
+    /// 0.73x ext4's operations/s between 2 and 16 a queue (docs/bench/mount.md).
     pub threads_per_queue: u16,
     /// Bytes of each entry's payload buffer: at least the kernel's largest request or answer
     /// (`max(max_write, max_pages × page size)`), or registration fails.

@@ -141,8 +141,8 @@ impl MountConfig {
 pub const CACHE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(86_400);
 
 /// Request threads unless told otherwise (`--threads`): enough for a mail server's worth of
-/// concurrent `fsync`s on a small machine (varmail's 16 threads: 0.5x ext4's operations/s
-/// with the 2 of a 2-CPU machine before, 1.2x to 1.4x with 16 to 32, docs/bench/mount.md).
+/// concurrent `fsync`s on a small machine (varmail's 16 threads on 2 CPUs: 0.37x ext4's
+/// operations/s with the 2 of the old default, 0.73x with 32, docs/bench/mount.md).
 /// An idle thread costs its stack and, on the ring, a payload buffer, both touched only as far
 /// as they are used.
 pub const THREADS_DEFAULT: usize = 32;
