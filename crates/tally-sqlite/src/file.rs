@@ -58,6 +58,9 @@ pub(crate) struct Handle {
     /// The [`atomic`](crate::atomic) group this database file belongs to, if any: while its
     /// transaction is open every write and truncate goes into it.
     group: Option<Arc<Group>>,
+    /// The batch's first write after the header page, kept only for the
+    /// `rollback-forgets-a-page` mutant.
+    batch_last: Option<(u64, Vec<u8>)>,
 }
 
 static IO_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
@@ -98,6 +101,7 @@ pub(crate) fn open(
         batch_bytes: 0,
         journal: flags & ffi::SQLITE_OPEN_MAIN_JOURNAL != 0,
         group: None,
+        batch_last: None,
     };
     let Some(name) = name else { return Ok(handle(Backing::Memory(Vec::new()))) };
     let fs = &shared.fs;
@@ -254,6 +258,12 @@ impl Handle {
                 return ffi::SQLITE_IOERR_WRITE;
             }
             self.batch_bytes = total;
+            if self.shared.mutant() == Some(VfsMutant::RollbackForgetsAPage)
+                && offset > 0
+                && self.batch_last.is_none()
+            {
+                self.batch_last = Some((offset, data.to_vec()));
+            }
             return match fs.write(Some(txn), ino, offset, data) {
                 Ok(n) if n == data.len() => ffi::SQLITE_OK,
                 // Any failure inside a batch is an I/O error, so that SQLite falls back to a
@@ -417,6 +427,7 @@ impl Handle {
             Ok(txn) => {
                 self.txn = Some(txn);
                 self.batch_bytes = 0;
+                self.batch_last = None;
                 ffi::SQLITE_OK
             }
             Err(_) => ffi::SQLITE_IOERR_BEGIN_ATOMIC,
@@ -464,6 +475,11 @@ impl Handle {
         } else {
             fs.abort(txn)
         };
+        let forgotten = self.batch_last.take();
+        if let (Some((offset, data)), Backing::Fs { ino }) = (forgotten, &self.backing) {
+            // The mutant: one page of the batch outlives the rollback, as a plain write.
+            let _ = fs.write(None, *ino, offset, &data);
+        }
         match result {
             Ok(()) => ffi::SQLITE_OK,
             Err(_) => ffi::SQLITE_IOERR_ROLLBACK_ATOMIC,

@@ -15,6 +15,11 @@ pub enum VfsMutant {
     /// aborting them: a batch SQLite gave up on (and then redoes through a journal) leaves
     /// half a transaction in the file until the redo lands.
     RollbackKeepsPages,
+    /// `SQLITE_FCNTL_ROLLBACK_ATOMIC_WRITE` aborts the batch but forgets one page: the first
+    /// one written after the header page stays in the file (written again plainly after the
+    /// abort), so the file holds one page of a transaction SQLite gave up on until the redo
+    /// lands.
+    RollbackForgetsAPage,
     /// [`atomic`](crate::atomic) groups nothing: each database commits its own batch (one
     /// `Fs` transaction per file, each durable), as SQLite does in `journal_mode=MEMORY` on
     /// its own. A crash between two files' commits keeps one database's half of the
@@ -42,9 +47,10 @@ pub enum VfsMutant {
 
 impl VfsMutant {
     /// Every mutant.
-    pub const ALL: [VfsMutant; 7] = [
+    pub const ALL: [VfsMutant; 8] = [
         VfsMutant::CommitNotDurable,
         VfsMutant::RollbackKeepsPages,
+        VfsMutant::RollbackForgetsAPage,
         VfsMutant::GroupCommitsEachFile,
         VfsMutant::GroupLeavesSecondFile,
         VfsMutant::PhaseTwoFailureIgnored,
@@ -58,6 +64,7 @@ impl VfsMutant {
         match self {
             VfsMutant::CommitNotDurable => "commit-not-durable",
             VfsMutant::RollbackKeepsPages => "rollback-keeps-pages",
+            VfsMutant::RollbackForgetsAPage => "rollback-forgets-a-page",
             VfsMutant::GroupCommitsEachFile => "group-commits-each-file",
             VfsMutant::GroupLeavesSecondFile => "group-leaves-second-file",
             VfsMutant::PhaseTwoFailureIgnored => "phase-two-failure-ignored",

@@ -7,10 +7,11 @@
 //!   SQLite had acknowledged (returned from COMMIT) when the crash hit, and at most one more
 //!   (the one in progress).
 //!
-//! The same check catches the three mutants: `commit-not-durable` (an acknowledged transfer
+//! The same check catches the four mutants: `commit-not-durable` (an acknowledged transfer
 //! lost), `rollback-keeps-pages` (half a transfer kept: a batch too large for one transaction
 //! is rolled back and redone through a journal, and the mutant commits the half it had
-//! written) and `journal-after-pages` (the journal's appends, kept in memory by the VFS, reach
+//! written), `rollback-forgets-a-page` (the rollback undoes all but one page: the first written after
+//! the header) and `journal-after-pages` (the journal's appends, kept in memory by the VFS, reach
 //! the file system after the database pages of that redo: pages with no journal to undo them).
 //! One `u64` seed drives the workload, the device and the sampler; a failure prints it.
 
@@ -178,6 +179,14 @@ fn commit_not_durable_is_caught() {
 fn rollback_keeping_pages_is_caught() {
     let (_, bad) = explore(3, Some(4), Some(VfsMutant::RollbackKeepsPages));
     assert!(!bad.is_empty(), "rollback-keeps-pages went unnoticed");
+}
+
+#[cfg(feature = "mutants")]
+#[test]
+fn rollback_forgetting_a_page_is_caught() {
+    let (_, bad) = explore(3, Some(4), Some(VfsMutant::RollbackForgetsAPage));
+    assert!(!bad.is_empty(), "rollback-forgets-a-page went unnoticed");
+    eprintln!("first violation: {}", bad[0]);
 }
 
 #[cfg(feature = "mutants")]
