@@ -20,6 +20,13 @@
 //! comparison; `tests/statfs_true.rs` writes what statfs calls free down to 2 % of the
 //! capacity without `ENOSPC`.
 //!
+//! `statfs` gives as the file system's size `capacity − fixed`, where `fixed` is the part of
+//! `reserved` that never varies (the streams' reserved next segments, the reserve segments and
+//! the cleaning headroom), as ext4 leaves its journal and inode tables out of its size: `df`'s
+//! "used" (size − free) is then what is live plus the reservations that come and go, and an
+//! empty file system shows a few MiB used, not the 8 % headroom. Free and available are the
+//! same number: no part of `reserved` is for root alone.
+//!
 //! The counts are derived, not kept incrementally: a walk over the inode table (O(inodes);
 //! the block maps' lengths are O(1)), and for the per-segment counts the cleaning policy uses
 //! a walk over the block maps (O(live blocks)). Nothing to rebuild at mount, nothing that can
@@ -55,6 +62,9 @@ pub struct SpaceUsage {
     pub live_blocks: u64,
     /// Blocks kept from operations that grow (see the module's documentation).
     pub reserved_blocks: u64,
+    /// The part of `reserved_blocks` that never varies (streams' next segments, the reserve
+    /// segments, the cleaning headroom): left out of the size `statfs` reports.
+    pub fixed_blocks: u64,
     /// `capacity − live − reserved`: what `statfs` reports free.
     pub free_blocks: u64,
     /// Blocks in free segments now (the rest of the free space is dead space in segments
@@ -146,25 +156,25 @@ impl Fs {
         let capacity = u64::from(self.log.segment_count()) * seg;
         let (data, record_bytes) = live_parts(st);
         let live = packed_blocks(data, record_bytes, self.bs, self.pack_blocks());
-        let kept_segments = u64::from(self.streams) // each stream's reserved next segment
-            + u64::from(RESERVED_SEGMENTS)
-            + u64::from(self.snapshot_segments(st))
+        // Each stream's reserved next segment, and the reserve segments.
+        let fixed_segments = u64::from(self.streams) + u64::from(RESERVED_SEGMENTS);
+        let fixed = fixed_segments * seg + capacity * CLEANING_HEADROOM_PERCENT / 100;
+        let kept_segments = u64::from(self.snapshot_segments(st))
             + self.log.checkpoint_snapshot_segments().len() as u64;
         // The unused ends of the streams' current segments: only their own stream's commits
         // can use them, and the space checks of operations count free segments.
         let ends: u64 = (0..self.streams)
             .map(|s| u64::from(self.log.blocks_left_in_segment(s).unwrap_or(0)))
             .sum();
-        let reserved = kept_segments * seg
-            + ends
-            + Self::reservation_cost(st.reserved.blocks())
-            + capacity * CLEANING_HEADROOM_PERCENT / 100;
+        let reserved =
+            fixed + kept_segments * seg + ends + Self::reservation_cost(st.reserved.blocks());
         SpaceUsage {
             capacity_blocks: capacity,
             data_blocks: data,
             record_bytes,
             live_blocks: live,
             reserved_blocks: reserved,
+            fixed_blocks: fixed.min(capacity),
             free_blocks: capacity.saturating_sub(live).saturating_sub(reserved),
             free_segment_blocks: u64::from(self.log.free_segments()) * seg,
         }

@@ -188,7 +188,8 @@ pub struct DirEntry {
 pub struct StatFs {
     /// Block size.
     pub block_size: u32,
-    /// Blocks the log can hold.
+    /// Blocks the log can hold, less what is kept back for good (the streams' next segments,
+    /// the reserve segments, the cleaning headroom), as ext4 leaves its journal out.
     pub blocks: u64,
     /// Blocks free for new data (space kept for cleaning and deletes is not counted).
     pub blocks_free: u64,

@@ -61,7 +61,11 @@ fn df_through_the_mount_is_within_one_percent_within_a_second_of_a_delete() {
     let (image, mnt, log) = mkfs_in(&dir, "4G");
     let (_out, guard) = mount_daemon(&image, &mnt, &log);
     let (size, free_empty, _) = statvfs(&mnt);
-    assert!(size >= 4000 << 20 && free_empty > size / 2, "size {size}, free {free_empty}");
+    // The size leaves out what is kept back for good (8 % for cleaning, the reserve segments
+    // and each stream's next segment): an empty file system shows as used only what moves.
+    assert!(size >= 3600 << 20 && size < 4 << 30, "size {size}");
+    let used_empty = size - free_empty;
+    assert!(used_empty < size / 100, "an empty file system shows {used_empty} of {size} used");
     let mut rng = fastrand::Rng::with_seed(15);
     let mut files: Vec<(String, u64)> = Vec::new();
     let mut worst: f64 = 0.0;

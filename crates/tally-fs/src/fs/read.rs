@@ -217,12 +217,13 @@ impl Fs {
     #[must_use]
     pub fn statfs(&self) -> StatFs {
         let mut st = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let blocks = self.log.device().geometry().block_count;
-        // Capacity − live − reserved: dead space counts as free at once (`live.rs`).
-        let free = self.space_usage(&mut st).free_blocks;
+        // Capacity − live − reserved: dead space counts as free at once; the size leaves out
+        // what is kept back for good (`live.rs`).
+        let usage = self.space_usage(&mut st);
+        let free = usage.free_blocks;
         StatFs {
             block_size: self.bs,
-            blocks,
+            blocks: usage.capacity_blocks - usage.fixed_blocks,
             blocks_free: free,
             files: st.files(),
             files_free: free * u64::from(self.bs / 128),
