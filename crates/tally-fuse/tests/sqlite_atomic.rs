@@ -5,6 +5,9 @@
 //! - the ioctls reach the daemon and answer as F2FS does (errno included);
 //! - rollback-mode commits write no `-journal` file (inotify on the directory, and a listing
 //!   after each commit), and each is one `START` and one `COMMIT` served by the daemon;
+//! - each such commit costs one device flush, the `fsync` SQLite sends after `COMMIT` none
+//!   (the device's flushes counted; beside it, the same commits journaled on a mount without
+//!   the ioctls cost several);
 //! - an aborted atomic write leaves the database as it was;
 //! - a writer process killed with SIGKILL at random moments, a hundred times and more, while a
 //!   process it forked keeps the database's open file (so the abort can come only from
@@ -33,7 +36,11 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, TransactionBehavior};
-use tally_fuse::{FuseMutant, Opcode, Unmounted};
+use std::sync::Arc;
+
+use tally_fs::{Fs, MountOptions};
+use tally_fuse::{FuseMutant, MountConfig, Opcode, Unmounted};
+use tally_media::{Device, FileDevice, FileOptions};
 
 use common::{require_fuse, Scratch, Served};
 
@@ -714,4 +721,59 @@ fn flush_rule_mutants_are_caught() {
         assert!(found.as_ref().is_err_and(|e| e.contains(caught)), "{mutant:?}: {found:?}");
         assert_eq!(m.unmount(), Unmounted::Clean);
     }
+}
+
+/// Mount `s`'s image with `cfg` on a device whose flushes the test counts; the device, and
+/// the thread serving the mount (its result once unmounted).
+fn serve_counting(
+    s: &Scratch,
+    cfg: &MountConfig,
+) -> (Arc<dyn Device>, std::thread::JoinHandle<Unmounted>) {
+    let dev: Arc<dyn Device> =
+        Arc::new(FileDevice::open(s.image(), FileOptions::default()).unwrap());
+    let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+    let mut cfg = cfg.clone();
+    if let Ok(how) = std::env::var("TALLY_FUSE_IO_URING") {
+        // As `Scratch::serve`: CI runs the tests once over the ring and once without.
+        tally_fuse::parse_options(&format!("io_uring={how}"), &mut cfg).unwrap();
+    }
+    let mounted = tally_fuse::mount(fs, &s.dir(), &cfg).unwrap();
+    (dev, std::thread::spawn(move || mounted.run().unwrap()))
+}
+
+/// Device flushes per transfer over `commits` transfers on the bank at `db`.
+fn flushes_per_transfer(dev: &Arc<dyn Device>, db: &Path, commits: u32) -> f64 {
+    let mut c = open_bank(db);
+    let mut rng = fastrand::Rng::with_seed(3);
+    transfer(&mut c, &mut rng).unwrap(); // the connection's first: reads, opens
+    let before = dev.stats().flushes;
+    for _ in 0..commits {
+        transfer(&mut c, &mut rng).unwrap();
+    }
+    (dev.stats().flushes - before) as f64 / f64::from(commits)
+}
+
+#[test]
+fn a_batch_atomic_commit_costs_one_flush_and_its_fsync_none() {
+    require_fuse!();
+    let commits = 60;
+    let mut per_transfer = Vec::new();
+    for atomic_writes in [true, false] {
+        let s = Scratch::new("sqlite-atomic", if atomic_writes { "flushes" } else { "journal" });
+        let cfg = MountConfig { threads: 4, atomic_writes, ..MountConfig::default() };
+        let (dev, served) = serve_counting(&s, &cfg);
+        let db = s.dir().join("bank.db");
+        create_bank(&db);
+        per_transfer.push(flushes_per_transfer(&dev, &db, commits));
+        tally_fuse::unmount_dir(&s.dir(), false).unwrap();
+        assert_eq!(served.join().unwrap(), Unmounted::Clean);
+    }
+    eprintln!(
+        "device flushes per transfer: {:.2} batch-atomic, {:.2} journaled (no ioctls)",
+        per_transfer[0], per_transfer[1]
+    );
+    // One flush per commit; the maintenance round may add one now and then.
+    assert!((1.0..1.1).contains(&per_transfer[0]), "{per_transfer:?}");
+    // The counter sees what a journaled commit costs: the journal, the database, the delete.
+    assert!(per_transfer[1] >= 2.0, "{per_transfer:?}");
 }
