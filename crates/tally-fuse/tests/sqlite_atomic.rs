@@ -777,3 +777,53 @@ fn a_batch_atomic_commit_costs_one_flush_and_its_fsync_none() {
     // The counter sees what a journaled commit costs: the journal, the database, the delete.
     assert!(per_transfer[1] >= 2.0, "{per_transfer:?}");
 }
+
+#[test]
+fn a_caller_neither_owner_nor_root_gets_eacces() {
+    require_fuse!();
+    let s = Scratch::new("sqlite-atomic", "eacces");
+    let m = s.mount();
+    let path = m.path("f");
+    fs::write(&path, "old contents").unwrap();
+    fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let f = rw(&path);
+    let fd = f.as_raw_fd();
+    let mut pipe = [0i32; 2];
+    // SAFETY: pipe writes two descriptors into the array.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+    // In a child that is nobody, with this process's open file (open for writing): each of
+    // start, commit and abort, its errno written to the pipe. F2FS answers EACCES to a caller
+    // neither the file's owner nor privileged (`inode_owner_or_capable`).
+    let child = fork_child(|| {
+        // SAFETY (async-signal-safe calls only): drop to nobody, three ioctls, write.
+        unsafe {
+            if libc::setgid(65534) != 0 || libc::setuid(65534) != 0 {
+                libc::_exit(1);
+            }
+            let mut errnos = [0u8; 3];
+            for (i, cmd) in [START, COMMIT, ABORT].into_iter().enumerate() {
+                if libc::ioctl(fd, cmd as _) != 0 {
+                    errnos[i] = (*libc::__errno_location()).clamp(1, 255) as u8;
+                }
+            }
+            if libc::write(pipe[1], errnos.as_ptr().cast(), 3) != 3 {
+                libc::_exit(1);
+            }
+        }
+    });
+    let status = reap(child);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "status {status:#x}");
+    let mut errnos = [0u8; 3];
+    // SAFETY: reads three bytes into a buffer of three; then closes the pipe.
+    unsafe {
+        assert_eq!(libc::read(pipe[0], errnos.as_mut_ptr().cast(), 3), 3);
+        libc::close(pipe[0]);
+        libc::close(pipe[1]);
+    }
+    let eacces = libc::EACCES as u8;
+    assert_eq!(errnos, [eacces; 3], "start, commit, abort by nobody");
+    // Nothing started: the owner (root) commits nothing and the file is as it was.
+    assert_eq!(fs::read(&path).unwrap(), b"old contents");
+    drop(f);
+    assert_eq!(m.unmount(), Unmounted::Clean);
+}
