@@ -16,8 +16,10 @@ use crate::{fail, EXIT_IO_FAILURE};
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// File or block device to measure (a missing file is created and removed afterwards), or
-    /// an NBD export (`nbd://host[:port]/export`, `nbd+unix:///export?socket=PATH`).
-    path: PathBuf,
+    /// an NBD export (`nbd://host[:port]/export`, `nbd+unix:///export?socket=PATH`), or the
+    /// exports of a multi-target image (each is probed in turn).
+    #[arg(required = true, num_args = 1..)]
+    paths: Vec<PathBuf>,
     /// Size of the file to create, e.g. 64M, 1G, 4096 (K/M/G/T are powers of 1024).
     #[arg(long, default_value = "64M", value_parser = parse_size)]
     size: u64,
@@ -43,21 +45,36 @@ fn parse_size(text: &str) -> Result<u64, String> {
 
 /// Run the probe and print its report; the exit code says how it went.
 pub fn run(args: &Args) -> ExitCode {
-    match crate::image::nbd_target(&args.path) {
-        Ok(Some(target)) => return run_nbd(args, &target),
-        Ok(None) => {}
-        Err(text) => {
-            eprintln!("tally probe: error: {text}");
-            return ExitCode::from(crate::EXIT_BAD_INPUT);
+    let bad_input = |text: String| {
+        eprintln!("tally probe: error: {text}");
+        ExitCode::from(crate::EXIT_BAD_INPUT)
+    };
+    let mut targets = Vec::new();
+    for path in &args.paths {
+        match crate::image::nbd_target(path) {
+            Ok(Some(target)) => targets.push(target),
+            Ok(None) => {}
+            Err(text) => return bad_input(text),
         }
     }
+    if args.paths.len() > 1 && targets.len() < args.paths.len() {
+        return bad_input(
+            "several paths are the NBD exports of a multi-target image; probe a file alone".into(),
+        );
+    }
+    if !targets.is_empty() {
+        return run_nbd_all(args, &targets);
+    }
+    let Some(path) = args.paths.first() else {
+        return bad_input("nothing to probe".into());
+    };
     let options = ProbeOptions {
         size_bytes: args.size,
         iterations: args.iterations,
         keep: args.keep,
         force: args.force,
     };
-    match probe(&args.path, options) {
+    match probe(path, options) {
         Ok(report) => print_report(&report, args.json),
         Err(error) => fail("tally probe", &error, error.is_bad_input()),
     }
@@ -94,12 +111,46 @@ struct NbdProbeReport {
     machine: tally_bench::probe::MachineInfo,
 }
 
+/// `tally probe URI...`: each export in turn (the targets of a multi-target image are
+/// independent devices, each with its own cache: one's flush says nothing of another's). JSON:
+/// one object for one export, an array for several.
+fn run_nbd_all(args: &Args, targets: &[tally_media::NbdTarget]) -> ExitCode {
+    let mut reports = Vec::new();
+    for target in targets {
+        match run_nbd(args, target) {
+            Ok(report) => reports.push(report),
+            Err(code) => return code,
+        }
+    }
+    if args.json {
+        let text = match &reports[..] {
+            [one] => serde_json::to_string_pretty(one),
+            all => serde_json::to_string_pretty(all),
+        };
+        match text {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("tally probe: error: cannot encode the report: {e}");
+                return ExitCode::from(EXIT_IO_FAILURE);
+            }
+        }
+        return ExitCode::SUCCESS;
+    }
+    for (i, report) in reports.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        print!("{}", nbd_table(report));
+    }
+    ExitCode::SUCCESS
+}
+
 /// `tally probe nbd://...`: the same three timings over the network. The export's first
 /// blocks are overwritten, so anything but zeros there needs --force.
-fn run_nbd(args: &Args, target: &tally_media::NbdTarget) -> ExitCode {
+fn run_nbd(args: &Args, target: &tally_media::NbdTarget) -> Result<NbdProbeReport, ExitCode> {
     let fail_with = |text: String, code: u8| {
         eprintln!("tally probe: error: {text}");
-        ExitCode::from(code)
+        Err(ExitCode::from(code))
     };
     let dev = match tally_media::NbdDevice::open(target, crate::image::nbd_options(None, 1)) {
         Ok(dev) => dev,
@@ -130,7 +181,7 @@ fn run_nbd(args: &Args, target: &tally_media::NbdTarget) -> ExitCode {
     }
     let timings = match time_device(&dev, args.iterations) {
         Ok(t) => t,
-        Err(e) => return fail("tally probe", &e, e.is_bad_input()),
+        Err(e) => return Err(fail("tally probe", &e, e.is_bad_input())),
     };
     let per_sec = |l: &LatencyUs| 1e6 / l.p50.max(1e-3);
     let export = dev.export();
@@ -145,13 +196,11 @@ fn run_nbd(args: &Args, target: &tally_media::NbdTarget) -> ExitCode {
         timings,
         machine: machine_info(),
     };
-    if args.json {
-        match serde_json::to_string_pretty(&report) {
-            Ok(text) => println!("{text}"),
-            Err(e) => return fail_with(format!("cannot encode the report: {e}"), EXIT_IO_FAILURE),
-        }
-        return ExitCode::SUCCESS;
-    }
+    Ok(report)
+}
+
+/// The table of one export's probe.
+fn nbd_table(report: &NbdProbeReport) -> String {
     let mut out = String::new();
     let t = &report.timings;
     let _ = writeln!(
@@ -187,8 +236,7 @@ fn run_nbd(args: &Args, target: &tally_media::NbdTarget) -> ExitCode {
         report.ceiling_commits_per_sec_fua
     );
     let _ = writeln!(out, "  machine: {}", report.machine);
-    print!("{out}");
-    ExitCode::SUCCESS
+    out
 }
 
 fn yes_no(works: bool, note: Option<&String>) -> String {

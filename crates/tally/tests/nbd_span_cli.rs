@@ -2,7 +2,7 @@
 //! exports, `mount`, `umount`, `fsck` and `inspect` given the same list; a missing, swapped,
 //! repeated or foreign target, and one target given alone, are refused with the target's place
 //! named and exit 2; each target's block 0 holds its target header (checked through
-//! `tally_media::TargetHeader`). Needs nbdkit and, for the mount, FUSE: under CI both must be
+//! `tally_media::TargetHeader`); `probe` probes each target of the list. Needs nbdkit and, for the mount, FUSE: under CI both must be
 //! there.
 
 mod common;
@@ -134,4 +134,37 @@ fn a_file_system_over_three_exports() {
         let out = tally(&["umount"], &[&mnt]);
         assert_eq!(code(&out), 0, "{}", text(&out));
     }
+}
+
+/// `tally probe` takes the list too: each export is probed in turn (JSON: an array, one
+/// object per target, in order); a list mixing a file with exports is refused.
+#[test]
+fn probe_takes_the_targets_of_a_multi_target_image() {
+    if !have("nbdkit") {
+        return;
+    }
+    let dir = Scratch::new("nbd-span-probe");
+    let servers: Vec<Nbdkit> = (0..3)
+        .map(|i| Nbdkit::start(&dir.path(&format!("p{i}.sock")), &[], &["memory", "64M"]))
+        .collect();
+    let uris: Vec<&str> = servers.iter().map(|s| s.uri.as_str()).collect();
+    let out = tally_uris(&["probe", "--iterations", "5", "--json"], &uris);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    let reports: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let list = reports.as_array().unwrap_or_else(|| panic!("not an array: {reports}"));
+    assert_eq!(list.len(), 3, "{reports}");
+    for (report, uri) in list.iter().zip(&uris) {
+        assert_eq!(report["target"], *uri, "{report}");
+        assert!(report["timings"]["write_flush_us"]["p50"].as_f64().unwrap() > 0.0, "{report}");
+    }
+    // The first probe wrote into the exports: the second needs --force.
+    let out = tally_uris(&["probe", "--iterations", "5"], &uris);
+    assert_eq!(code(&out), 2, "{}", text(&out));
+    let out = tally_uris(&["probe", "--iterations", "5", "--force"], &uris);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    assert_eq!(stdout(&out).matches("(NBD export,").count(), 3, "{}", text(&out));
+    let file = dir.path("local.img");
+    let out = tally_uris(&["probe"], &[file.to_str().unwrap(), uris[0]]);
+    assert_eq!(code(&out), 2, "{}", text(&out));
+    assert!(stderr(&out).contains("multi-target image"), "{}", text(&out));
 }
