@@ -19,6 +19,8 @@ use common::{code, mkfs_in, mount_daemon_pid, require_fuse, scratch, sigkill, ta
 
 const ACCOUNTS: i64 = 100;
 const OPENING_BALANCE: i64 = 1000;
+/// Daemon kills (each round a mount, SQLite commits, a SIGKILL at a seeded moment).
+const ROUNDS: u32 = 20;
 
 fn open(db: &Path) -> rusqlite::Result<Connection> {
     let c = Connection::open(db)?;
@@ -49,7 +51,7 @@ fn every_returned_commit_survives_a_daemon_kill() {
     let db = mnt.join("bank.db");
     let mut rng = fastrand::Rng::with_seed(0x17);
     let mut acked: i64 = 0;
-    for round in 0..6 {
+    for round in 0..ROUNDS {
         let (pid, guard) = mount_daemon_pid(&image, &mnt, &log);
         if round == 0 {
             let mut c = open(&db).unwrap();
