@@ -21,7 +21,7 @@ use common::{require_fuse, Scratch};
 const WAITERS: usize = 6;
 
 /// How long a request outside the transaction waits for it before `EBUSY`.
-const TXN_WAIT: Duration = Duration::from_secs(4);
+const TXN_WAIT: Duration = Duration::from_secs(6);
 
 /// The CPUs this thread may run on.
 fn allowed_cpus() -> Vec<usize> {
