@@ -436,6 +436,9 @@ reading = os.path.join(DATA, "reading.md")
 if os.path.exists(reading):
     P("\n### Reading of the profiles (written by hand; rerunning does not update it)\n")
     P(open(reading).read())
+P("## The other tables\n")
+P("Each written by its own script, on its own setup, and measured in its own run:\n")
+P("- [tx.md](tx.md): the log's commit modes and recovery scan rate (`tally bench tx`, `tally bench recovery`)\n- [fs.md](fs.md): the file system against ext4 and SQLite through the library; threads; mount after a crash; space accounting, cleaning and large transactions\n- [mount.md](mount.md): everyday programs on the mount (untar, rm -rf, git, configure && make, speedtest1, varmail) against ext4 and bindfs (`bench/mount.sh`)\n- [sqlite.md](sqlite.md): SQLite batch-atomic commits on the mount and in the library against SQLite on ext4 (`bench/sqlite_mount.sh`)\n- [remote.md](remote.md): the log over NBD, one and three targets, against a local file (`bench/remote.sh`)\n- [pmem.md](pmem.md): persistent memory against PMDK\n- [posix.md](posix.md): the POSIX suites, FUSE transports, reads and large writes on the mount\n")
 P("## Commands\n")
 P("```sh\nsudo bench/run.sh            # everything: install, build, set up, run, report\n"
   "sudo bench/run.sh --quick    # smoke check under 10 minutes\n```\n")
