@@ -7,7 +7,7 @@
 //! time `Log::open` `--repeat` times. The device is a local file (`--file PATH`, read through
 //! the page cache like nbdkit's file plugin reads its file, so the comparison is of the
 //! protocol and the striping, not of O_DIRECT against cached reads) or NBD URIs (one export, or
-//! a multi-target image striped a segment per target).
+//! a multi-target image striped a segment per target, or `--stripe BLOCKS`).
 //!
 //! ```text
 //! cargo run --release -p tally-media --example recovery_time -- --mib 1024 --file /var/tmp/r.img
@@ -31,6 +31,8 @@ const SEGMENT_BLOCKS: u32 = 1024;
 fn main() {
     let (mut mib, mut streams, mut repeat, mut file, mut uris) =
         (1024u64, 4u16, 3u32, None, vec![]);
+    // Blocks of a stripe of a multi-target image: a segment by default (as `tally mkfs`).
+    let mut stripe = SEGMENT_BLOCKS;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().expect("a value after the option");
@@ -39,6 +41,7 @@ fn main() {
             "--streams" => streams = value().parse().expect("--streams N"),
             "--repeat" => repeat = value().parse().expect("--repeat N"),
             "--file" => file = Some(value()),
+            "--stripe" => stripe = value().parse().expect("--stripe BLOCKS"),
             _ => uris.push(arg),
         }
     }
@@ -70,7 +73,7 @@ fn main() {
                     as Arc<dyn tally_media::Device>
             })
             .collect();
-        let layout = SpanLayout { stripe_blocks: SEGMENT_BLOCKS, lead_blocks: 2 };
+        let layout = SpanLayout { stripe_blocks: stripe, lead_blocks: 2 };
         drop(SpanDevice::format(nbd, layout).expect("format the targets"));
     }
     let dev = open();

@@ -528,10 +528,42 @@ impl Device for SpanDevice {
     fn read(&self, block: u64, buf: &mut [u8]) -> Result<()> {
         check_read(&self.geometry, block, buf)?;
         self.counters.read(buf.len());
-        for (target, local, range) in self.pieces(block, buf.len()) {
-            self.targets[target].read(local, &mut buf[range])?;
+        let pieces = self.pieces(block, buf.len());
+        let first_target = pieces.first().map(|p| p.0);
+        if pieces.iter().all(|p| Some(p.0) == first_target) {
+            for (target, local, range) in pieces {
+                self.targets[target].read(local, &mut buf[range])?;
+            }
+            return Ok(());
         }
-        Ok(())
+        // Pieces on several targets: each target's pieces read on their own thread, so the
+        // targets serve one large read together.
+        let mut by_target: Vec<Vec<(u64, &mut [u8])>> =
+            (0..self.targets.len()).map(|_| Vec::new()).collect();
+        let mut rest = buf;
+        for (target, local, range) in pieces {
+            let (piece, tail) = rest.split_at_mut(range.len());
+            by_target[target].push((local, piece));
+            rest = tail;
+        }
+        let read_all = |target: usize, parts: Vec<(u64, &mut [u8])>| -> Result<()> {
+            parts.into_iter().try_for_each(|(local, piece)| self.targets[target].read(local, piece))
+        };
+        std::thread::scope(|scope| {
+            let mut groups = by_target.into_iter().enumerate().filter(|(_, g)| !g.is_empty());
+            let here = groups.next();
+            let others: Vec<_> = groups.map(|(t, g)| scope.spawn(move || read_all(t, g))).collect();
+            let mut outcome = here.map_or(Ok(()), |(t, g)| read_all(t, g));
+            for handle in others {
+                let one = handle.join().unwrap_or_else(|_| {
+                    Err(MediaError::Failed { first_error: "a read thread panicked".into() })
+                });
+                if outcome.is_ok() {
+                    outcome = one;
+                }
+            }
+            outcome
+        })
     }
 
     fn submit(&self, writes: Vec<Write>, flags: WriteFlags) -> Result<Ticket> {

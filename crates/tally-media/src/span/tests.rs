@@ -100,6 +100,7 @@ struct Faulty {
     inner: MemDevice,
     fail_flush: AtomicBool,
     fail_write: AtomicBool,
+    fail_read: AtomicBool,
 }
 
 impl Device for Faulty {
@@ -107,6 +108,9 @@ impl Device for Faulty {
         self.inner.geometry()
     }
     fn read(&self, block: u64, buf: &mut [u8]) -> Result<()> {
+        if self.fail_read.load(Ordering::SeqCst) {
+            return Err(MediaError::Injected { op: "read", nth: 1 });
+        }
         self.inner.read(block, buf)
     }
     fn submit(&self, writes: Vec<Write>, flags: WriteFlags) -> Result<Ticket> {
@@ -134,6 +138,7 @@ fn faulty() -> Arc<Faulty> {
         inner: MemDevice::new(BS, 20).unwrap(),
         fail_flush: AtomicBool::new(false),
         fail_write: AtomicBool::new(false),
+        fail_read: AtomicBool::new(false),
     })
 }
 
@@ -223,4 +228,81 @@ fn concurrent_flushes_share_rounds_and_cover_every_target() {
     let flushes: Vec<u64> = m.iter().zip(&before).map(|(d, b)| d.stats().flushes - b).collect();
     assert!(flushes.iter().all(|&f| f >= 1), "{flushes:?}");
     assert!(flushes.iter().all(|&f| f <= 1200), "{flushes:?}");
+}
+
+/// A target whose reads wait (up to 2 s) until every target has a read in progress: a large
+/// read over several targets completes at once only if they are read concurrently.
+struct Gate {
+    inner: MemDevice,
+    arrived: Arc<(std::sync::Mutex<usize>, std::sync::Condvar)>,
+    parties: usize,
+    all_met: Arc<AtomicBool>,
+}
+
+impl Device for Gate {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    fn read(&self, block: u64, buf: &mut [u8]) -> Result<()> {
+        // Headers are read one target at a time at open: only gate the image's reads.
+        if block > 0 {
+            let (count, changed) = &*self.arrived;
+            let mut n = count.lock().unwrap();
+            *n += 1;
+            changed.notify_all();
+            let (n, timeout) = changed
+                .wait_timeout_while(n, std::time::Duration::from_secs(2), |n| *n < self.parties)
+                .unwrap();
+            if timeout.timed_out() && *n < self.parties {
+                self.all_met.store(false, Ordering::SeqCst);
+            }
+        }
+        self.inner.read(block, buf)
+    }
+    fn submit(&self, writes: Vec<Write>, flags: WriteFlags) -> Result<Ticket> {
+        self.inner.submit(writes, flags)
+    }
+    fn wait(&self, ticket: Ticket) -> Result<()> {
+        self.inner.wait(ticket)
+    }
+    fn flush(&self) -> Result<()> {
+        self.inner.flush()
+    }
+    fn stats(&self) -> DeviceStats {
+        self.inner.stats()
+    }
+}
+
+#[test]
+fn a_read_over_several_targets_reads_them_concurrently_and_reports_a_failure() {
+    let arrived = Arc::new((std::sync::Mutex::new(0usize), std::sync::Condvar::new()));
+    let all_met = Arc::new(AtomicBool::new(true));
+    let gates: Vec<Arc<dyn Device>> = (0..3)
+        .map(|_| {
+            Arc::new(Gate {
+                inner: MemDevice::new(BS, 20).unwrap(),
+                arrived: arrived.clone(),
+                parties: 3,
+                all_met: all_met.clone(),
+            }) as Arc<dyn Device>
+        })
+        .collect();
+    let span = SpanDevice::format(gates, LAYOUT).unwrap();
+    // Blocks 2..14: stripes 0, 1 and 2, one on each target.
+    let mut back = vec![0u8; 12 * BS as usize];
+    let start = std::time::Instant::now();
+    span.read(2, &mut back).unwrap();
+    assert!(all_met.load(Ordering::SeqCst), "the targets were read one after another");
+    assert!(start.elapsed() < std::time::Duration::from_secs(2), "{:?}", start.elapsed());
+
+    // One target's read fails: the read fails with its error; the others' bytes are moot.
+    let bad = faulty();
+    let targets: Vec<Arc<dyn Device>> =
+        vec![Arc::new(MemDevice::new(BS, 20).unwrap()), bad.clone()];
+    let span = SpanDevice::format(targets, LAYOUT).unwrap();
+    bad.fail_read.store(true, Ordering::SeqCst);
+    let mut back = vec![0u8; 8 * BS as usize];
+    assert!(matches!(span.read(2, &mut back), Err(MediaError::Injected { op: "read", .. })));
+    bad.fail_read.store(false, Ordering::SeqCst);
+    span.read(2, &mut back).unwrap();
 }
