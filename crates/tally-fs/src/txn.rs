@@ -11,7 +11,8 @@
 //!   truncates, chmods or frees, and each directory entry it adds or removes. Another
 //!   transaction touching them gets `EBUSY` at once (no deadlock is possible); an operation
 //!   outside any transaction waits until the transaction ends, unless its own thread began
-//!   that transaction (it would wait for itself) and gets `EBUSY`;
+//!   that transaction with [`crate::Fs::begin`] (it would wait for itself) and gets `EBUSY`
+//!   (a server's [`crate::Fs::begin_detached`] binds no thread);
 //! - a directory's own attributes (times, link count) are *shared metadata*, as in CFS: adding
 //!   an entry to a directory inside a transaction does not lock the directory. The directory
 //!   keeps a *storage version* of its attributes (what is on media, changed only by committed
@@ -239,7 +240,7 @@ pub(crate) struct TxnState {
     pub dir_diffs: HashMap<Ino, AttrDiff>,
     /// Stream of its first operation.
     pub stream: Option<u16>,
-    /// The thread that began it.
+    /// The thread that began it (`None`: begun for a client, [`crate::Fs::begin_detached`]).
     pub thread: Option<crate::sync::ThreadId>,
     /// The log's large transaction (run) its data went out in ahead of the commit, if any
     /// (`fs/large.rs`).

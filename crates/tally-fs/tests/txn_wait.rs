@@ -69,3 +69,30 @@ fn a_wait_that_ends_in_time_succeeds() {
     assert_eq!(waiter.join().unwrap().unwrap(), 1);
     assert_eq!(fs.read(a, 0, 16).unwrap(), b"New");
 }
+
+/// A transaction a server begins for a client binds no thread: an operation outside it on the
+/// very thread that began it waits for it like on any other (the FUSE adapter serves many
+/// callers' requests on one thread). `Fs::begin` binds its thread, which then gets `EBUSY`.
+#[test]
+fn a_detached_transaction_makes_its_beginning_thread_wait_too() {
+    let fs = fs();
+    let a = fs.create(None, ROOT, b"a", 0o644, ME).unwrap().ino;
+    let bound = fs.begin().unwrap();
+    fs.write(Some(&bound), a, 0, b"new").unwrap();
+    assert!(matches!(fs.write(None, a, 0, b"N"), Err(FsError::Busy)));
+    fs.commit(bound).unwrap();
+
+    let tx = fs.begin_detached().unwrap();
+    fs.write(Some(&tx), a, 0, b"tx!").unwrap();
+    let committer = fs.clone();
+    let started = Instant::now();
+    let commit = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(200));
+        committer.commit(tx).unwrap();
+    });
+    // This thread began the transaction: it waits until another thread commits it.
+    assert_eq!(fs.write(None, a, 0, b"N").unwrap(), 1);
+    assert!(started.elapsed() >= Duration::from_millis(200), "{:?}", started.elapsed());
+    commit.join().unwrap();
+    assert_eq!(fs.read(a, 0, 16).unwrap(), b"Nx!");
+}

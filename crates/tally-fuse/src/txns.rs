@@ -225,7 +225,7 @@ impl Txns {
         if owners.contains_key(&fh) {
             return Err(FsError::Busy.into());
         }
-        let txn = fs.begin()?;
+        let txn = fs.begin_detached()?;
         let id = txn.id();
         let scope = if tree { Scope::Tree(tgid) } else { Scope::Process(tgid) };
         let bound = Bound {
@@ -276,7 +276,7 @@ impl Txns {
         if owners.values().any(|b| matches!(b.scope, Scope::Handle { ino: i, .. } if i == ino)) {
             return Err(FsError::Busy.into());
         }
-        let txn = fs.begin()?;
+        let txn = fs.begin_detached()?;
         let id = txn.id();
         let scope = Scope::Handle { ino, starter };
         let bound = Bound {

@@ -79,11 +79,27 @@ impl Fs {
 
     /// Begin an explicit transaction: operations given it are applied to the DRAM state at
     /// once (readers see them) and written to the log only at commit, as one atomic
-    /// transaction.
+    /// transaction. It is bound to the calling thread: an operation outside it on this thread
+    /// that meets what it holds gets `EBUSY` instead of waiting for itself.
     ///
     /// # Errors
     /// Read-only after an I/O error.
     pub fn begin(&self) -> Result<Txn> {
+        self.begin_for(Some(crate::sync::current_thread()))
+    }
+
+    /// [`Fs::begin`] for a server that begins transactions on behalf of its clients (the FUSE
+    /// adapter): bound to no thread, so an operation outside it waits for it on whichever
+    /// thread it runs, the thread that served the begin included. Bound to that thread, a
+    /// later request of another client served there got `EBUSY` at once.
+    ///
+    /// # Errors
+    /// Read-only after an I/O error.
+    pub fn begin_detached(&self) -> Result<Txn> {
+        self.begin_for(None)
+    }
+
+    fn begin_for(&self, thread: Option<crate::sync::ThreadId>) -> Result<Txn> {
         let mut st = lock(&self.state)?;
         if let Some(e) = &st.failed {
             return Err(FsError::read_only(e));
@@ -100,10 +116,7 @@ impl Fs {
         }
         st.txns.next += 1;
         let id = st.txns.next;
-        st.txns.open.insert(
-            id,
-            TxnState { thread: Some(crate::sync::current_thread()), ..TxnState::default() },
-        );
+        st.txns.open.insert(id, TxnState { thread, ..TxnState::default() });
         Ok(Txn { id })
     }
 
