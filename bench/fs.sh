@@ -6,11 +6,20 @@
 #     several files), mount of 100,000 files, write amplification of cleaning;
 #   - `tally bench fs`: the stream policies and the two mount paths.
 # Writes docs/bench/fs.md (via bench/fs_report.py) and the raw JSON in docs/bench/fs-data/.
+#
+# ISSUE16=1 runs issue #16's rows instead, on the same set-up: append, create and
+# create-shared at 1, 2, 8 and 32 threads against ext4, the mixed run (4 appenders' p99 beside a
+# cleaner on a 90 %-full image) and fsync isolation (a small file's p99 beside a streaming
+# writer, Tally and ext4). Writes docs/bench/fs-data/issue16.json and issue16-load.txt (the
+# command and the load average) and leaves docs/bench/fs.md alone: its issue-16 section is
+# written from them by hand.
 # Needs root (losetup, mount). Loop devices, the mount and the files go on every exit path.
 #
 #   bench/fs.sh                       # ~6 minutes on a 2-core VM
 #   QUICK=1 bench/fs.sh               # smoke run (~1 minute): prints the tables, writes nothing
 #   RUNS=5 SECONDS_PER_RUN=5 SIZE=2G BENCH_DIR=/mnt/ssd bench/fs.sh
+#   ISSUE16=1 RUNS=3 SECONDS_PER_RUN=2 bench/fs.sh   # issue #16's rows (~6 minutes)
+#   ISSUE16=1 QUICK=1 bench/fs.sh     # their smoke run: prints the tables, writes nothing
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,6 +28,9 @@ SIZE=${SIZE:-1G}
 RUNS=${RUNS:-3}
 SECS=${SECONDS_PER_RUN:-3}
 QUICK=${QUICK:-}
+ISSUE16=${ISSUE16:-}
+ISSUE16_SECTIONS=append,create,create-shared,mixed,isolation
+ISSUE16_THREADS=1,2,8,32
 OUT_MD="$ROOT/docs/bench/fs.md"
 OUT_DATA="$ROOT/docs/bench/fs-data"
 
@@ -71,6 +83,26 @@ mount -t ext4 -o data=ordered "$EXT4_DEV" "$MNT"
 MOUNT_OPTS=$(findmnt -n -o OPTIONS "$MNT")
 LOOP_DIO=$(cat "/sys/block/$(basename "$TALLY_DEV")/loop/dio")
 
+if [ -n "$ISSUE16" ] && [ -n "$QUICK" ]; then
+  "$TALLY" bench fs-peers --tally-dev "$TALLY_DEV" --ext4-dir "$MNT" --force --quick \
+    --sections "$ISSUE16_SECTIONS" --threads "$ISSUE16_THREADS"
+  exit 0
+fi
+if [ -n "$ISSUE16" ]; then
+  mkdir -p "$OUT_DATA"
+  LOAD="$OUT_DATA/issue16-load.txt"
+  {
+    echo "built from: $BUILT_FROM; $(uname -sr), $(nproc) CPUs; backing fs $fstype; two $SIZE loop devices (direct I/O: $LOOP_DIO); ext4 $MOUNT_OPTS"
+    echo "tally bench fs-peers --tally-dev \$TALLY_LOOP --ext4-dir \$EXT4_MOUNT --force --sections $ISSUE16_SECTIONS --threads $ISSUE16_THREADS --runs $RUNS --seconds $SECS --json"
+    echo "start $(date -u +%Y-%m-%dT%H:%M:%SZ): load $(cut -d' ' -f1-3 /proc/loadavg)"
+  } >"$LOAD"
+  "$TALLY" bench fs-peers --tally-dev "$TALLY_DEV" --ext4-dir "$MNT" --force \
+    --sections "$ISSUE16_SECTIONS" --threads "$ISSUE16_THREADS" \
+    --runs "$RUNS" --seconds "$SECS" --json >"$OUT_DATA/issue16.json"
+  echo "end $(date -u +%Y-%m-%dT%H:%M:%SZ): load $(cut -d' ' -f1-3 /proc/loadavg)" >>"$LOAD"
+  echo "bench/fs.sh: wrote ${OUT_DATA#"$ROOT"/}/issue16.json" >&2
+  exit 0
+fi
 if [ -n "$QUICK" ]; then
   "$TALLY" bench fs-peers --tally-dev "$TALLY_DEV" --ext4-dir "$MNT" --force --quick
   "$TALLY" bench fs --path "$TALLY_DEV" --force --files 100 --runs 1

@@ -29,6 +29,7 @@ use crate::BenchError;
 
 pub mod blockdev;
 pub mod clean;
+pub mod latency;
 pub mod mount;
 pub mod sqlite;
 mod workloads;
@@ -49,10 +50,19 @@ pub enum Section {
     Mount,
     /// Write amplification of cleaning under a 90 %-full overwrite workload.
     Clean,
+    /// create + write + fsync + close, every thread in one shared directory, against ext4
+    /// (issue #16; not in [`Section::ALL`]).
+    CreateShared,
+    /// 4 appenders' fsync latency on a 90 %-full file system, alone and beside a cleaning
+    /// thread (issue #16; not in [`Section::ALL`]).
+    Mixed,
+    /// fsync latency of a small file alone and beside a streaming writer, against ext4
+    /// (issue #16; not in [`Section::ALL`]).
+    Isolation,
 }
 
 impl Section {
-    /// Every section, in the order they run.
+    /// The sections of issue #4, in the order they run (the default).
     pub const ALL: [Section; 5] =
         [Section::Append, Section::Create, Section::Atomic, Section::Mount, Section::Clean];
 }
@@ -83,6 +93,8 @@ pub struct PeersOptions {
     pub clean_fills: Vec<f64>,
     /// Log streams of the cleaning file system.
     pub clean_streams: u16,
+    /// Size of the mixed run's file system, MiB (the start of `tally_dev`).
+    pub mixed_mib: u64,
 }
 
 impl Default for PeersOptions {
@@ -99,6 +111,7 @@ impl Default for PeersOptions {
             clean_mib: 64,
             clean_fills: vec![0.9, 0.75, 0.25],
             clean_streams: 4,
+            mixed_mib: 128,
         }
     }
 }
@@ -120,7 +133,7 @@ pub struct Side {
 /// One workload, Tally beside its peer.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct PeerRow {
-    /// `append`, `create` or `atomic`.
+    /// `append`, `create`, `create-shared` or `atomic`.
     pub workload: String,
     /// Threads (append, create) or files per transaction (atomic).
     pub width: u32,
@@ -160,6 +173,10 @@ pub struct PeersReport {
     pub mount: Option<mount::MountSection>,
     /// The cleaning section.
     pub clean: Option<clean::CleanSection>,
+    /// The mixed section (appenders beside a cleaner).
+    pub mixed: Option<latency::MixedSection>,
+    /// The fsync isolation section.
+    pub isolation: Option<latency::IsolationSection>,
     /// Version of the SQLite measured.
     pub sqlite_version: String,
     /// CPUs available.
@@ -316,7 +333,7 @@ pub fn run(o: &PeersOptions, progress: &dyn Fn(&str)) -> Result<PeersReport, Ben
     let cx = workloads::Cx { o, tally: &tally, ext4: &ext4, progress };
     for section in &o.sections {
         match section {
-            Section::Append | Section::Create => {
+            Section::Append | Section::Create | Section::CreateShared => {
                 for &t in &o.threads {
                     rows.push(workloads::threads(&cx, *section, t)?);
                 }
@@ -326,7 +343,7 @@ pub fn run(o: &PeersOptions, progress: &dyn Fn(&str)) -> Result<PeersReport, Ben
                     rows.push(workloads::atomic(&cx, n)?);
                 }
             }
-            Section::Mount | Section::Clean => {}
+            Section::Mount | Section::Clean | Section::Mixed | Section::Isolation => {}
         }
     }
     let mount = if o.sections.contains(&Section::Mount) {
@@ -336,6 +353,16 @@ pub fn run(o: &PeersOptions, progress: &dyn Fn(&str)) -> Result<PeersReport, Ben
     };
     let clean = if o.sections.contains(&Section::Clean) {
         Some(clean::run(&tally, o.clean_mib, &o.clean_fills, o.clean_streams, o.runs, progress)?)
+    } else {
+        None
+    };
+    let mixed = if o.sections.contains(&Section::Mixed) {
+        Some(latency::mixed(&tally, o.mixed_mib, o.seconds, o.runs, progress)?)
+    } else {
+        None
+    };
+    let isolation = if o.sections.contains(&Section::Isolation) {
+        Some(latency::isolation(&tally, &o.ext4_dir, o.seconds, o.runs, progress)?)
     } else {
         None
     };
@@ -351,6 +378,8 @@ pub fn run(o: &PeersOptions, progress: &dyn Fn(&str)) -> Result<PeersReport, Ben
         rows,
         mount,
         clean,
+        mixed,
+        isolation,
         sqlite_version: rusqlite::version().to_string(),
         cpu_count: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
     })

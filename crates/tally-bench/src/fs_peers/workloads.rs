@@ -79,9 +79,14 @@ impl Ext4Run {
     }
 }
 
-/// Append + fsync or create + write + fsync + close, `threads` threads, Tally against ext4.
+/// Append + fsync or create + write + fsync + close (each thread in its own directory, or all in
+/// one for create-shared), `threads` threads, Tally against ext4.
 pub(super) fn threads(cx: &Cx<'_>, section: Section, threads: u32) -> Result<PeerRow, BenchError> {
-    let name = if section == Section::Append { "append" } else { "create" };
+    let name = match section {
+        Section::Append => "append",
+        Section::CreateShared => "create-shared",
+        _ => "create",
+    };
     let (mut tally, mut ext4) = (Vec::new(), Vec::new());
     for run in 0..cx.o.runs {
         (cx.progress)(&format!("{name} x{threads}: run {}/{} tally", run + 1, cx.o.runs));
@@ -95,25 +100,33 @@ pub(super) fn threads(cx: &Cx<'_>, section: Section, threads: u32) -> Result<Pee
 fn tally_threads(cx: &Cx<'_>, section: Section, threads: u32) -> Result<Sample, BenchError> {
     let fs = cx.tally.fresh(STREAMS)?;
     let data = vec![0x5a_u8; WRITE_BYTES];
-    // Per thread: the file appended to, or the directory files are created in.
-    let mut inos = Vec::new();
+    // Per thread: the file appended to, or the directory files are created in (one for all
+    // threads in create-shared), and the thread's number (in its files' names).
+    let shared = if section == Section::CreateShared {
+        Some(fs.mkdir(None, ROOT, b"shared", 0o755, ME).map_err(fs_err)?.ino)
+    } else {
+        None
+    };
+    let mut states = Vec::new();
     for t in 0..threads {
         let name = format!("t{t}");
-        let attr = if section == Section::Append {
-            fs.create(None, ROOT, name.as_bytes(), 0o644, ME)
-        } else {
-            fs.mkdir(None, ROOT, name.as_bytes(), 0o755, ME)
-        }
-        .map_err(fs_err)?;
-        inos.push(attr.ino);
+        let ino = match (section, shared) {
+            (_, Some(dir)) => dir,
+            (Section::Append, None) => {
+                fs.create(None, ROOT, name.as_bytes(), 0o644, ME).map_err(fs_err)?.ino
+            }
+            _ => fs.mkdir(None, ROOT, name.as_bytes(), 0o755, ME).map_err(fs_err)?.ino,
+        };
+        states.push((ino, t));
     }
     fs.sync().map_err(fs_err)?;
-    let sample = timed(inos, cx.o.seconds, &cx.tally.block, |&mut ino, i| {
+    let sample = timed(states, cx.o.seconds, &cx.tally.block, |&mut (ino, t), i| {
         if section == Section::Append {
             fs.write(None, ino, i * WRITE_BYTES as u64, &data).map_err(fs_err)?;
             fs.fsync(ino).map_err(fs_err)
         } else {
-            let f = fs.create(None, ino, format!("f{i}").as_bytes(), 0o644, ME).map_err(fs_err)?;
+            let name = format!("t{t}-f{i}");
+            let f = fs.create(None, ino, name.as_bytes(), 0o644, ME).map_err(fs_err)?;
             fs.open(f.ino).map_err(fs_err)?;
             fs.write(None, f.ino, 0, &data).map_err(fs_err)?;
             fs.fsync(f.ino).map_err(fs_err)?;
@@ -150,13 +163,20 @@ fn ext4_threads(
     } else {
         let mut dirs = Vec::new();
         for t in 0..threads {
-            let d = dir.dir.join(format!("t{t}"));
-            std::fs::create_dir(&d).map_err(io_err("ext4 mkdir"))?;
-            dirs.push(d);
+            let d = if section == Section::CreateShared {
+                dir.dir.join("shared")
+            } else {
+                dir.dir.join(format!("t{t}"))
+            };
+            if !d.exists() {
+                std::fs::create_dir(&d).map_err(io_err("ext4 mkdir"))?;
+            }
+            dirs.push((d, t));
         }
         dir.sync()?;
-        timed(dirs, cx.o.seconds, cx.ext4, |d, i| {
-            let mut f = File::create(d.join(format!("f{i}"))).map_err(io_err("ext4 create"))?;
+        timed(dirs, cx.o.seconds, cx.ext4, |(d, t), i| {
+            let name = format!("t{t}-f{i}");
+            let mut f = File::create(d.join(name)).map_err(io_err("ext4 create"))?;
             f.write_all(&data).map_err(io_err("ext4 write"))?;
             f.sync_all().map_err(io_err("ext4 fsync"))
             // closed when dropped

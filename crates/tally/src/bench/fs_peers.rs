@@ -29,7 +29,8 @@ pub struct FsPeersArgs {
     /// in a fresh subdirectory of it per run, removed afterwards.
     #[arg(long)]
     ext4_dir: PathBuf,
-    /// Sections to run, comma-separated: append, create, atomic, mount, clean.
+    /// Sections to run, comma-separated: append, create, atomic, mount, clean (issue 4's, the
+    /// default), and create-shared, mixed, isolation (issue 16's).
     #[arg(long, value_delimiter = ',', default_value = "append,create,atomic,mount,clean")]
     sections: Vec<SectionArg>,
     /// Seconds per timed run of append, create and atomic.
@@ -57,6 +58,10 @@ pub struct FsPeersArgs {
     /// Log streams of the cleaning file system.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=63))]
     clean_streams: u16,
+    /// Size of the mixed section's file system (the start of the Tally device, filled to 90 %
+    /// before each run), e.g. 128M.
+    #[arg(long, default_value = "128M", value_parser = parse_size)]
+    mixed_size: u64,
     /// A smoke run: 0.5 s per run, one run, 10,000 files to mount, 32 MiB to clean.
     #[arg(long)]
     quick: bool,
@@ -81,6 +86,14 @@ pub enum SectionArg {
     Mount,
     /// Write amplification of cleaning.
     Clean,
+    /// create + write 4 KiB + fsync + close against ext4, every thread in one directory.
+    CreateShared,
+    /// p99 of 4 appenders' 4 KiB append + fsync on a 90 %-full file system, alone and beside a
+    /// thread making and cleaning garbage (random overwrites, maintain every 256).
+    Mixed,
+    /// p99 of 4 KiB append + fsync on a small file, alone and beside a thread streaming 1 MiB
+    /// buffered writes to another file (fsync every 64 MiB); Tally and ext4.
+    Isolation,
 }
 
 /// Run `tally bench fs-peers`.
@@ -107,6 +120,9 @@ pub fn run(a: &FsPeersArgs) -> ExitCode {
                 SectionArg::Atomic => Section::Atomic,
                 SectionArg::Mount => Section::Mount,
                 SectionArg::Clean => Section::Clean,
+                SectionArg::CreateShared => Section::CreateShared,
+                SectionArg::Mixed => Section::Mixed,
+                SectionArg::Isolation => Section::Isolation,
             })
             .collect(),
         seconds: a.seconds,
@@ -117,6 +133,7 @@ pub fn run(a: &FsPeersArgs) -> ExitCode {
         clean_mib: a.clean_size >> 20,
         clean_fills: a.clean_fills.clone(),
         clean_streams: a.clean_streams,
+        mixed_mib: a.mixed_size >> 20,
     };
     if a.quick {
         o.seconds = 0.5;
@@ -141,7 +158,7 @@ fn table(r: &PeersReport) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<8} {:>3} {:>6} {:>22} {:>22} {:>7} {:>7} {:>12} {:>12} {:>8} {:>8}",
+        "{:<13} {:>3} {:>6} {:>22} {:>22} {:>7} {:>7} {:>12} {:>12} {:>8} {:>8}",
         "workload",
         "n",
         "peer",
@@ -157,7 +174,7 @@ fn table(r: &PeersReport) -> String {
     for row in &r.rows {
         let _ = writeln!(
             out,
-            "{:<8} {:>3} {:>6} {:>22} {:>22} {:>6.2}x {:>6.1}x {:>12.2} {:>12.2} {:>8.0} {:>8.0} {}",
+            "{:<13} {:>3} {:>6} {:>22} {:>22} {:>6.2}x {:>6.1}x {:>12.2} {:>12.2} {:>8.0} {:>8.0} {}",
             row.workload,
             row.width,
             row.peer,
@@ -217,6 +234,68 @@ fn table(r: &PeersReport) -> String {
                 }
             );
         }
+    }
+    if let Some(m) = &r.mixed {
+        let _ = writeln!(
+            out,
+            "mixed, {} MiB at {:.0} % full, {} appenders (4 KiB append+fsync), {} s: alone p99 {} \
+             µs (p50 {}, {} ops/s); beside the cleaner p99 {} µs (p50 {}, {} ops/s); p99 ratio {:.2}x \
+             [{:.2}-{:.2}], target <= {:.0}x: {}",
+            m.size_mib,
+            m.fill_reached * 100.0,
+            m.appenders,
+            m.seconds,
+            s(&m.alone.p99_us, 0),
+            s(&m.alone.p50_us, 0),
+            s(&m.alone.ops_per_s, 0),
+            s(&m.with_cleaner.p99_us, 0),
+            s(&m.with_cleaner.p50_us, 0),
+            s(&m.with_cleaner.ops_per_s, 0),
+            m.p99_ratio_of_medians,
+            m.p99_ratio_per_run.min,
+            m.p99_ratio_per_run.max,
+            m.target,
+            if m.met { "MET" } else { "MISSED" }
+        );
+        for (k, c) in m.cleaner.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "  cleaner run {}: {} overwrites, {} maintain calls, {} segments freed, longest \
+                 maintain {:.1} ms",
+                k + 1,
+                c.overwrites,
+                c.maintains,
+                c.segments_freed,
+                c.longest_maintain_ms
+            );
+        }
+    }
+    if let Some(i) = &r.isolation {
+        for (name, side) in [("Tally", &i.tally), ("ext4", &i.ext4)] {
+            let mib = tally_bench::Spread::of(side.streamer.iter().map(|x| x.mib_per_s));
+            let _ = writeln!(
+                out,
+                "isolation, {name}: 4 KiB append+fsync p99 alone {} µs (p50 {}), beside the \
+                 streamer {} µs (p50 {}): ratio {:.2}x [{:.2}-{:.2}]; streamer {} MiB/s",
+                s(&side.alone.p99_us, 0),
+                s(&side.alone.p50_us, 0),
+                s(&side.streaming.p99_us, 0),
+                s(&side.streaming.p50_us, 0),
+                side.p99_ratio_of_medians,
+                side.p99_ratio_per_run.min,
+                side.p99_ratio_per_run.max,
+                s(&mib, 0)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "isolation: Tally's ratio / ext4's {:.2} [{:.2}-{:.2}], target <= {:.1}: {}",
+            i.relative,
+            i.relative_per_run.min,
+            i.relative_per_run.max,
+            i.target,
+            if i.met { "MET" } else { "MISSED" }
+        );
     }
     out
 }
