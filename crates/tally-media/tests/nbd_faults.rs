@@ -172,16 +172,27 @@ fn file_server(dir: &Scratch, name: &str, switches: Option<(&Path, &Path)>) -> N
     }
 }
 
+/// `targets` file exports in `dir`, export `failing` behind the error filter: it fails every
+/// write while the first switch file returned exists, every read while the second does.
+fn fault_servers(
+    dir: &Scratch,
+    targets: usize,
+    failing: usize,
+) -> (Vec<Nbdkit>, std::path::PathBuf, std::path::PathBuf) {
+    let (wsw, rsw) = (dir.path("fail-writes"), dir.path("fail-reads"));
+    let servers = (0..targets)
+        .map(|i| {
+            let name = format!("t{i}");
+            file_server(dir, &name, (i == failing).then_some((wsw.as_path(), rsw.as_path())))
+        })
+        .collect();
+    (servers, wsw, rsw)
+}
+
 /// Write errors on `failing` of `targets` exports: fail-stop, then recovery once they stop.
 fn write_errors(targets: usize, failing: usize) {
     let dir = Scratch::new("nbd-faults-w");
-    let (wsw, rsw) = (dir.path("fail-writes"), dir.path("fail-reads"));
-    let servers: Vec<Nbdkit> = (0..targets)
-        .map(|i| {
-            let name = format!("t{i}");
-            file_server(&dir, &name, (i == failing).then_some((wsw.as_path(), rsw.as_path())))
-        })
-        .collect();
+    let (servers, wsw, _) = fault_servers(&dir, targets, failing);
     let dev = device(&servers, true);
     format(&*dev);
     let (log, _) = Log::open(dev, OpenOptions::default()).unwrap();
@@ -220,13 +231,7 @@ fn read_errors_fail_recovery_instead_of_cutting_the_log_and_a_new_open_recovers(
     }
     for (targets, failing) in [(1, 0), (3, 2)] {
         let dir = Scratch::new("nbd-faults-r");
-        let (wsw, rsw) = (dir.path("fail-writes"), dir.path("fail-reads"));
-        let servers: Vec<Nbdkit> = (0..targets)
-            .map(|i| {
-                let name = format!("t{i}");
-                file_server(&dir, &name, (i == failing).then_some((wsw.as_path(), rsw.as_path())))
-            })
-            .collect();
+        let (servers, _, rsw) = fault_servers(&dir, targets, failing);
         let dev = device(&servers, true);
         format(&*dev);
         let (log, _) = Log::open(dev, OpenOptions::default()).unwrap();
