@@ -63,7 +63,7 @@ fn df_through_the_mount_is_within_one_percent_within_a_second_of_a_delete() {
     let (size, free_empty, _) = statvfs(&mnt);
     // The size leaves out what is kept back for good (8 % for cleaning, the reserve segments
     // and each stream's next segment): an empty file system shows as used only what moves.
-    assert!(size >= 3600 << 20 && size < 4 << 30, "size {size}");
+    assert!((3600 << 20..4 << 30).contains(&size), "size {size}");
     let used_empty = size - free_empty;
     assert!(used_empty < size / 100, "an empty file system shows {used_empty} of {size} used");
     let mut rng = fastrand::Rng::with_seed(15);
