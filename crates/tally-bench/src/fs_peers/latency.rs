@@ -7,8 +7,9 @@
 //!   with the cleaner within 2× of their p99 without it.
 //! - **isolation** ([`isolation`]): one thread appends 4 KiB + fsync to a small file, alone and
 //!   while another thread streams 1 MiB buffered writes to a second file and fsyncs it every
-//!   64 MiB; Tally (library) and ext4 in the same run. Target: Tally's p99 ratio (streaming ÷
-//!   alone) at most half of ext4's.
+//!   64 MiB; Tally (library, with and without the log's write-behind, which the mount uses by
+//!   default) and ext4 in the same run. Target: Tally's p99 ratio (streaming ÷ alone) at most
+//!   half of ext4's.
 //!
 //! Runs alternate (Tally alone, Tally beside the other work, then ext4 likewise), and every
 //! ratio is taken per run and of the medians.
@@ -432,14 +433,23 @@ pub struct IsolationSection {
     pub stream_write_bytes: u64,
     /// The streamed file is fsynced after this many bytes.
     pub stream_fsync_every_bytes: u64,
-    /// Tally through the library.
+    /// Tally through the library, mounted with its defaults (each change written out as it
+    /// commits).
     pub tally: IsolationSide,
+    /// Tally through the library with the log's write-behind as the mount has it by default
+    /// (`WriteBehind::default()`: changes buffered per stream, written out past 1 MiB a stream,
+    /// 16 MiB in all, 5 s, or at fsync).
+    pub tally_write_behind: IsolationSide,
     /// ext4 (`data=ordered`).
     pub ext4: IsolationSide,
     /// Tally's p99 ratio ÷ ext4's, run by run.
     pub relative_per_run: Spread,
     /// Tally's ratio of the medians ÷ ext4's.
     pub relative: f64,
+    /// The same with write-behind, run by run.
+    pub relative_write_behind_per_run: Spread,
+    /// The same with write-behind, of the medians.
+    pub relative_write_behind: f64,
     /// Issue #16's bound on `relative`.
     pub target: f64,
     /// Whether `relative` is within it.
@@ -475,8 +485,15 @@ fn tally_isolation(
     tally: &TallySide,
     seconds: f64,
     stream: bool,
+    write_behind: bool,
 ) -> Result<(LatencyRun, Option<StreamRun>), BenchError> {
-    let fs = tally.fresh(ISOLATION_STREAMS)?;
+    let mkfs = MkfsOptions { streams: ISOLATION_STREAMS, segment_blocks: 1024, uuid: None };
+    Fs::mkfs(tally.dev.clone(), &mkfs).map_err(fs_err)?;
+    let opts = MountOptions {
+        write_behind: write_behind.then(tally_log::WriteBehind::default),
+        ..MountOptions::default()
+    };
+    let fs = Fs::mount(tally.dev.clone(), opts).map_err(fs_err)?;
     let small = fs.create(None, ROOT, b"small", 0o644, ME).map_err(fs_err)?.ino;
     let big = fs.create(None, ROOT, b"big", 0o644, ME).map_err(fs_err)?.ino;
     fs.sync().map_err(fs_err)?;
@@ -537,7 +554,8 @@ fn ext4_isolation(
     Ok(r)
 }
 
-/// The isolation section: per run, Tally alone, Tally streaming, ext4 alone, ext4 streaming.
+/// The isolation section: per run, Tally alone, Tally streaming, the same with write-behind,
+/// ext4 alone, ext4 streaming.
 ///
 /// # Errors
 /// Device, file-system and ext4 failures.
@@ -549,14 +567,24 @@ pub(super) fn isolation(
     progress: &dyn Fn(&str),
 ) -> Result<IsolationSection, BenchError> {
     let (mut ta, mut ts, mut tstream) = (vec![], vec![], vec![]);
+    let (mut wa, mut ws, mut wstream) = (vec![], vec![], vec![]);
     let (mut ea, mut es, mut estream) = (vec![], vec![], vec![]);
     for run in 0..runs {
         progress(&format!("isolation: run {}/{runs}, tally alone", run + 1));
-        ta.push(tally_isolation(tally, seconds, false)?.0);
+        ta.push(tally_isolation(tally, seconds, false, false)?.0);
         progress(&format!("isolation: run {}/{runs}, tally beside a streaming writer", run + 1));
-        let (l, s) = tally_isolation(tally, seconds, true)?;
+        let (l, s) = tally_isolation(tally, seconds, true, false)?;
         ts.push(l);
         tstream.push(s.unwrap_or_default());
+        progress(&format!("isolation: run {}/{runs}, tally (write-behind) alone", run + 1));
+        wa.push(tally_isolation(tally, seconds, false, true)?.0);
+        progress(&format!(
+            "isolation: run {}/{runs}, tally (write-behind) beside a streaming writer",
+            run + 1
+        ));
+        let (l, s) = tally_isolation(tally, seconds, true, true)?;
+        ws.push(l);
+        wstream.push(s.unwrap_or_default());
         progress(&format!("isolation: run {}/{runs}, ext4 alone", run + 1));
         ea.push(ext4_isolation(ext4_dir, seconds, false, &format!("iso-alone-{run}"))?.0);
         progress(&format!("isolation: run {}/{runs}, ext4 beside a streaming writer", run + 1));
@@ -575,27 +603,33 @@ pub(super) fn isolation(
             streamer,
         }
     };
-    let (t, e) = (side(ta, ts, tstream), side(ea, es, estream));
-    let per_run = t
-        .streaming
-        .runs
-        .iter()
-        .zip(&t.alone.runs)
-        .zip(e.streaming.runs.iter().zip(&e.alone.runs))
-        .map(|((ts, ta), (es, ea))| {
-            (ts.p99_us / ta.p99_us.max(f64::MIN_POSITIVE))
-                / (es.p99_us / ea.p99_us.max(f64::MIN_POSITIVE)).max(f64::MIN_POSITIVE)
-        });
-    let relative_per_run = Spread::of(per_run);
+    let (t, w, e) = (side(ta, ts, tstream), side(wa, ws, wstream), side(ea, es, estream));
+    let per_run = |t: &IsolationSide| {
+        let ratio = |s: &LatencyRun, a: &LatencyRun| s.p99_us / a.p99_us.max(f64::MIN_POSITIVE);
+        Spread::of(
+            t.streaming
+                .runs
+                .iter()
+                .zip(&t.alone.runs)
+                .zip(e.streaming.runs.iter().zip(&e.alone.runs))
+                .map(|((ts, ta), (es, ea))| ratio(ts, ta) / ratio(es, ea).max(f64::MIN_POSITIVE)),
+        )
+    };
+    let (relative_per_run, relative_write_behind_per_run) = (per_run(&t), per_run(&w));
     let relative = t.p99_ratio_of_medians / e.p99_ratio_of_medians.max(f64::MIN_POSITIVE);
+    let relative_write_behind =
+        w.p99_ratio_of_medians / e.p99_ratio_of_medians.max(f64::MIN_POSITIVE);
     Ok(IsolationSection {
         seconds,
         stream_write_bytes: STREAM_WRITE as u64,
         stream_fsync_every_bytes: STREAM_FSYNC_EVERY,
         tally: t,
+        tally_write_behind: w,
         ext4: e,
         relative_per_run,
         relative,
+        relative_write_behind_per_run,
+        relative_write_behind,
         target: 0.5,
         met: relative <= 0.5,
     })
