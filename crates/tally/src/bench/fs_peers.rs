@@ -33,7 +33,7 @@ pub struct FsPeersArgs {
     /// default), and create-shared, mixed, isolation (issue 16's).
     #[arg(long, value_delimiter = ',', default_value = "append,create,atomic,mount,clean")]
     sections: Vec<SectionArg>,
-    /// Seconds per timed run of append, create and atomic.
+    /// Seconds per timed run of append, create, create-shared, atomic, mixed and isolation.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
     /// Runs per system and workload, alternating systems; the report gives medians and min–max.
