@@ -22,6 +22,7 @@ use crate::mutant::FsMutant;
 use crate::record::{Record, DATA_HOLE};
 use crate::state::{Key, State};
 use crate::sync::MutexGuard;
+use crate::types::Ino;
 use crate::{Fs, FsError, Result};
 
 /// What [`Fs::clean`] did.
@@ -102,6 +103,19 @@ fn pack_lands(left: u64, blocks: u64, seg_blocks: u64) -> u64 {
 
 /// What is live in an old transaction: each record (and data block, read) to relocate.
 type LiveOf = Vec<(Key, Record, Option<Vec<u8>>)>;
+
+/// Most data blocks cleaning reads in one request (1 MiB of 4 KiB blocks).
+const READ_RUN_BLOCKS: usize = 256;
+
+/// A live data block cleaning must read: where its bytes go in the [`LiveOf`], where it is
+/// on the device, its crc, and whose it is (for the error).
+struct Wanted {
+    out: usize,
+    at: u64,
+    crc: u32,
+    ino: Ino,
+    block: u64,
+}
 
 impl Fs {
     /// Clean the `segments` oldest segments of `stream` (at most all but its current one, as
@@ -407,6 +421,7 @@ impl Fs {
         report: &mut FsCleanReport,
     ) -> Result<LiveOf> {
         let mut out = Vec::new();
+        let mut wanted = Vec::new();
         for bytes in &rtx.records {
             let rec = Record::decode(bytes).map_err(|e| LogError::Corrupted {
                 what: "file-system record",
@@ -419,26 +434,52 @@ impl Fs {
             if !live(st, &rec, &key, tombstones_kept) {
                 continue;
             }
-            let block = match rec {
-                Record::Extent { ino, block, data, crc, .. } if data != DATA_HOLE => {
+            if let Record::Extent { ino, block, data, crc, .. } = rec {
+                if data != DATA_HOLE {
                     let at = rtx.data_start + u64::from(data);
-                    let mut buf = vec![0u8; self.bs as usize];
-                    self.log.device().read(at, &mut buf).map_err(LogError::from)?;
-                    if crc32c::crc32c(&buf) != crc {
-                        return Err(LogError::Corrupted {
-                            what: "data block",
-                            block: at,
-                            reason: format!("checksum mismatch (block {block} of inode {ino})"),
-                        }
-                        .into());
-                    }
-                    Some(buf)
+                    wanted.push(Wanted { out: out.len(), at, crc, ino, block });
                 }
-                _ => None,
-            };
-            out.push((key, rec, block));
+            }
+            out.push((key, rec, None));
         }
+        self.read_live_blocks(&mut wanted, &mut out)?;
         Ok(out)
+    }
+
+    /// Read the live data blocks `wanted` into `out`, each run of adjacent blocks (at most
+    /// [`READ_RUN_BLOCKS`]) in one request, and check each block's crc. One request per block
+    /// made cleaning a segment of small files some thousands of 4 KiB reads, all under the
+    /// state lock (issue 16's mixed run).
+    fn read_live_blocks(&self, wanted: &mut [Wanted], out: &mut LiveOf) -> Result<()> {
+        wanted.sort_unstable_by_key(|w| w.at);
+        let bs = self.bs as usize;
+        let mut rest: &[Wanted] = wanted;
+        while let Some(first) = rest.first() {
+            let run = rest
+                .iter()
+                .zip(first.at..)
+                .take(READ_RUN_BLOCKS)
+                .take_while(|(w, at)| w.at == *at)
+                .count();
+            let (now, later) = rest.split_at(run);
+            rest = later;
+            let mut buf = vec![0u8; run * bs];
+            self.log.device().read(first.at, &mut buf).map_err(LogError::from)?;
+            for (w, bytes) in now.iter().zip(buf.chunks_exact(bs)) {
+                if crc32c::crc32c(bytes) != w.crc {
+                    return Err(LogError::Corrupted {
+                        what: "data block",
+                        block: w.at,
+                        reason: format!("checksum mismatch (block {} of inode {})", w.block, w.ino),
+                    }
+                    .into());
+                }
+                if let Some(slot) = out.get_mut(w.out) {
+                    slot.2 = Some(bytes.to_vec());
+                }
+            }
+        }
+        Ok(())
     }
 }
 

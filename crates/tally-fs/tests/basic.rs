@@ -425,6 +425,39 @@ fn records_relocated_by_cleaning_older_than_their_inode_still_mount() {
     assert!(fs.fsck().is_clean());
 }
 
+/// Cleaning reads a transaction's adjacent live data blocks in one request, not one request
+/// each (a segment of small files was thousands of 4 KiB reads under the state lock).
+#[test]
+fn cleaning_reads_adjacent_live_blocks_together() {
+    let dev = fresh(4096, 1, 64);
+    let fs = mount(&dev);
+    let f = fs.create(None, ROOT, b"f", 0o644, ME).unwrap();
+    fs.write(None, f.ino, 0, &[7u8; 32 * 4096]).unwrap();
+    // Later segments, so that the first is no longer the stream's current one.
+    let g = fs.create(None, ROOT, b"g", 0o644, ME).unwrap();
+    for i in 0..4u8 {
+        fs.write(None, g.ino, 0, &[i; 40 * 4096]).unwrap();
+    }
+    fs.sync().unwrap();
+    let before = dev.stats();
+    let report = fs.clean(0, 1).unwrap();
+    let reads = dev.stats().reads - before.reads;
+    assert!(report.data_blocks_relocated >= 32, "{report:?}");
+    // One read of the segment's transactions and one of f's 32 blocks, give or take.
+    assert!(
+        reads * 4 < report.data_blocks_relocated,
+        "{reads} reads to relocate {} data blocks",
+        report.data_blocks_relocated
+    );
+    let before = dump(&fs);
+    fs.sync().unwrap();
+    drop(fs);
+    let fs = mount(&dev);
+    assert_eq!(dump(&fs), before);
+    assert_eq!(fs.read(f.ino, 0, 32 * 4096).unwrap(), vec![7u8; 32 * 4096]);
+    assert!(fs.fsck().is_clean());
+}
+
 #[test]
 fn maintenance_moves_mostly_dead_segments_and_leaves_live_ones() {
     // Plenty of free space: only the liveness rule can make maintenance clean.
