@@ -5,7 +5,7 @@
 #   - `tally bench fs-peers`: Tally against ext4 (append, create) and SQLite (atomic update of
 #     several files), mount of 100,000 files, write amplification of cleaning;
 #   - `tally bench fs`: the stream policies and the two mount paths.
-# Writes docs/bench/fs.md (via bench/fs_report.py) and the raw JSON in docs/bench/fs-data/.
+# Writes docs/bench/fs.md (via bench/fs_report.py, which keeps the hand-written sections after its marker line) and the raw JSON in docs/bench/fs-data/.
 #
 # ISSUE16=1 runs issue #16's rows instead, on the same set-up: append, create and
 # create-shared at 1, 2, 8 and 32 threads against ext4, the mixed run (4 appenders' p99 beside a

@@ -291,5 +291,18 @@ w("```")
 out.extend(loads)
 w("```")
 w("")
+# The sections written by hand after the generated ones (issues 15 and 16: threads, mount after
+# a crash, space accounting, large transactions) follow this line in OUT_MD and are kept as
+# they are: a rerun replaces only what comes before it.
+HAND_MARKER = "<!-- Written by hand below this line: bench/fs_report.py keeps it as it is. -->"
+kept = ""
+if os.path.exists(out_md):
+    with open(out_md) as fh:
+        old = fh.read()
+    at = old.find(HAND_MARKER)
+    if at >= 0:
+        kept = old[at:]
 with open(out_md, "w") as fh:
     fh.write("\n".join(out))
+    if kept:
+        fh.write("\n" + kept)
