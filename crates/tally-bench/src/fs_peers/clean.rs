@@ -31,10 +31,11 @@ const WRITES_PER_MAINTAIN: u64 = 256;
 /// Blocks per segment: a 1 MiB segment, so even a small file system has a hundred of them.
 const SEGMENT_BLOCKS: u32 = 256;
 
-/// The first blocks of a device, seen as a smaller device.
-struct Prefix {
-    inner: Arc<dyn Device>,
-    block_count: u64,
+/// The first blocks of a device, seen as a smaller device (this section's file system, and
+/// the mixed run's in `latency.rs`).
+pub(super) struct Prefix {
+    pub(super) inner: Arc<dyn Device>,
+    pub(super) block_count: u64,
 }
 
 impl Device for Prefix {

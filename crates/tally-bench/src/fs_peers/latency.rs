@@ -21,8 +21,9 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use tally_fs::{Fs, FsError, MkfsOptions, MountOptions, ROOT};
-use tally_media::{check_read, check_write, Device, DeviceStats, Geometry, Ticket, Write};
+use tally_media::Device;
 
+use super::clean::Prefix;
 use super::workloads::Ext4Run;
 use super::{fs_err, io_err, TallySide, ME};
 use crate::measure::percentile_us;
@@ -170,39 +171,6 @@ fn timed_beside<B: Send>(
     }
     let other = other.transpose()?;
     Ok((LatencyRun::of(all, secs), other))
-}
-
-/// The first blocks of a device, seen as a smaller device (the mixed run's file system).
-struct Prefix {
-    inner: Arc<dyn Device>,
-    block_count: u64,
-}
-
-impl Device for Prefix {
-    fn geometry(&self) -> Geometry {
-        Geometry { block_count: self.block_count, ..self.inner.geometry() }
-    }
-    fn read(&self, block: u64, buf: &mut [u8]) -> tally_media::Result<()> {
-        check_read(&self.geometry(), block, buf)?;
-        self.inner.read(block, buf)
-    }
-    fn submit(
-        &self,
-        writes: Vec<Write>,
-        flags: tally_media::WriteFlags,
-    ) -> tally_media::Result<Ticket> {
-        check_write(&self.geometry(), &writes)?;
-        self.inner.submit(writes, flags)
-    }
-    fn wait(&self, ticket: Ticket) -> tally_media::Result<()> {
-        self.inner.wait(ticket)
-    }
-    fn flush(&self) -> tally_media::Result<()> {
-        self.inner.flush()
-    }
-    fn stats(&self) -> DeviceStats {
-        self.inner.stats()
-    }
 }
 
 /// What the cleaner thread did in one run.
