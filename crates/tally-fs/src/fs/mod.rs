@@ -392,11 +392,18 @@ impl Fs {
         Ok(written)
     }
 
-    /// Checkpoint when more than the replay budget was written since the last checkpoint.
+    /// Checkpoint when more than the replay budget was written since the last checkpoint,
+    /// with the long part of its durable wait outside the state lock: the log is made durable
+    /// first without the lock (the device absorbing everything written since the last flush:
+    /// up to the whole budget), then under the lock `checkpoint_locked` syncs again, which
+    /// now covers only what was committed meanwhile, and writes the snapshot. Under the lock
+    /// the whole wait stalled every other operation (issue 16's fsync isolation: a small
+    /// file's fsync behind a streaming writer's checkpoint).
     pub(crate) fn checkpoint_if_due(&self) -> Result<()> {
-        if !self.checkpoint_due() {
+        if !self.checkpoint_due() || !lock(&self.state)?.txns.open.is_empty() {
             return Ok(());
         }
+        self.log.sync().map_err(|e| self.fail(e))?;
         let mut st = lock(&self.state)?;
         self.checkpoint_due_locked(&mut st)
     }
@@ -591,17 +598,17 @@ impl Fs {
                         }
                         None => {
                             self.commit_op(&mut st, cx, stream)?;
-                            if self.log.blocks_since_checkpoint_snapshot()
-                                >= self.replay_budget_blocks
-                            {
+                            let checkpoint = self.log.blocks_since_checkpoint_snapshot()
+                                >= self.replay_budget_blocks;
+                            let over = st.cached_bytes > CACHE_LIMIT;
+                            drop(st);
+                            if checkpoint {
                                 // The operation is committed whatever happens here; a failed
                                 // write has made the file system read-only (fail-stop).
-                                if let Err(e) = self.checkpoint_due_locked(&mut st) {
+                                if let Err(e) = self.checkpoint_if_due() {
                                     tracing::warn!("checkpoint after an operation: {e}");
                                 }
                             }
-                            let over = st.cached_bytes > CACHE_LIMIT;
-                            drop(st);
                             if over {
                                 self.write_out_cache();
                             }
