@@ -25,7 +25,7 @@ use crate::{BenchError, Spread};
 /// segment holds a whole number of them (a transaction must fit in half a segment).
 const FILL_WRITE_BYTES: usize = 31 << 12;
 /// Bytes per file: eight fill writes (a little under 1 MiB).
-const FILE_BYTES: u64 = 8 * FILL_WRITE_BYTES as u64;
+pub(super) const FILE_BYTES: u64 = 8 * FILL_WRITE_BYTES as u64;
 /// Overwrites between two calls of `maintain`.
 const WRITES_PER_MAINTAIN: u64 = 256;
 /// Blocks per segment: a 1 MiB segment, so even a small file system has a hundred of them.
@@ -241,32 +241,7 @@ pub fn measure(
     let fs = Fs::mount(dev.clone(), MountOptions::default()).map_err(fs_err)?;
     let bs = u64::from(fs.block_size());
     let free_at_start = fs.statfs().blocks_free;
-    let chunk = vec![0x33_u8; FILL_WRITE_BYTES];
-    let mut inos = Vec::new();
-    // Full as `df` would say it: files are added while more than (1 - fill) of the free space
-    // is left; an ENOSPC before that ends the fill where it is (the fill reached is reported).
-    'fill: while (fs.statfs().blocks_free as f64) > (1.0 - fill) * free_at_start as f64 {
-        let name = format!("f{}", inos.len());
-        let a = match fs.create(None, ROOT, name.as_bytes(), 0o644, ME) {
-            Ok(a) => a,
-            Err(FsError::NoSpace) => break,
-            Err(e) => return Err(fs_err(e)),
-        };
-        for off in (0..FILE_BYTES).step_by(FILL_WRITE_BYTES) {
-            match fs.write(None, a.ino, off, &chunk) {
-                Ok(_) => {}
-                Err(FsError::NoSpace) => {
-                    fs.unlink(None, ROOT, name.as_bytes()).map_err(fs_err)?;
-                    break 'fill;
-                }
-                Err(e) => return Err(fs_err(e)),
-            }
-        }
-        fs.sync().map_err(fs_err)?;
-        inos.push(a.ino);
-    }
-    fs.sync().map_err(fs_err)?;
-    let reached = 1.0 - fs.statfs().blocks_free as f64 / free_at_start.max(1) as f64;
+    let (inos, reached) = fill_to(&fs, fill)?;
     let live = (inos.len() as u64 * FILE_BYTES) as f64 / (free_at_start * bs).max(1) as f64;
     if inos.is_empty() {
         return Err(BenchError::BadInput {
@@ -318,6 +293,38 @@ pub fn measure(
         files: inos.len() as u64,
         writes: writes / 2,
     })
+}
+
+/// Fill a fresh `fs` with files of [`FILE_BYTES`] while more than `1 - fill` of the free space
+/// it had is left (full as `df` would say it); an ENOSPC before that ends the fill where it
+/// is. Returns the files and the fill reached. Shared with the mixed run (`latency.rs`).
+pub(super) fn fill_to(fs: &Fs, fill: f64) -> Result<(Vec<tally_fs::Ino>, f64), BenchError> {
+    let free_at_start = fs.statfs().blocks_free;
+    let chunk = vec![0x33_u8; FILL_WRITE_BYTES];
+    let mut inos = Vec::new();
+    'fill: while (fs.statfs().blocks_free as f64) > (1.0 - fill) * free_at_start as f64 {
+        let name = format!("f{}", inos.len());
+        let a = match fs.create(None, ROOT, name.as_bytes(), 0o644, ME) {
+            Ok(a) => a,
+            Err(FsError::NoSpace) => break,
+            Err(e) => return Err(fs_err(e)),
+        };
+        for off in (0..FILE_BYTES).step_by(FILL_WRITE_BYTES) {
+            match fs.write(None, a.ino, off, &chunk) {
+                Ok(_) => {}
+                Err(FsError::NoSpace) => {
+                    fs.unlink(None, ROOT, name.as_bytes()).map_err(fs_err)?;
+                    break 'fill;
+                }
+                Err(e) => return Err(fs_err(e)),
+            }
+        }
+        fs.sync().map_err(fs_err)?;
+        inos.push(a.ino);
+    }
+    fs.sync().map_err(fs_err)?;
+    let reached = 1.0 - fs.statfs().blocks_free as f64 / free_at_start.max(1) as f64;
+    Ok((inos, reached))
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use tally_fs::{Fs, FsError, MkfsOptions, MountOptions, ROOT};
 use tally_media::Device;
 
-use super::clean::Prefix;
+use super::clean::{fill_to, Prefix, FILE_BYTES};
 use super::workloads::Ext4Run;
 use super::{fs_err, io_err, TallySide, ME};
 use crate::measure::percentile_us;
@@ -36,9 +36,6 @@ pub const MIXED_APPENDERS: u32 = 4;
 /// Each appender's file wraps to offset 0 after this many bytes (an overwrite + fsync from
 /// then on), so a run fits in the free tenth of a 90 %-full file system.
 const APPEND_WRAP: u64 = 1 << 20;
-/// Bytes per fill write and per fill file (as the cleaning section: 31 blocks + their unit).
-const FILL_WRITE: usize = 31 << 12;
-const FILL_FILE: u64 = 8 * FILL_WRITE as u64;
 /// Overwrites of the cleaner between two `maintain` calls.
 const WRITES_PER_MAINTAIN: u64 = 256;
 /// Blocks per segment of the mixed run's file system (1 MiB).
@@ -223,31 +220,7 @@ fn filled(
     let mkfs = MkfsOptions { segment_blocks: SEGMENT_BLOCKS, streams, uuid: None };
     Fs::mkfs(dev.clone(), &mkfs).map_err(fs_err)?;
     let fs = Arc::new(Fs::mount(dev.clone(), MountOptions::default()).map_err(fs_err)?);
-    let free_at_start = fs.statfs().blocks_free;
-    let chunk = vec![0x33_u8; FILL_WRITE];
-    let mut inos = Vec::new();
-    'fill: while (fs.statfs().blocks_free as f64) > (1.0 - fill) * free_at_start as f64 {
-        let name = format!("fill{}", inos.len());
-        let a = match fs.create(None, ROOT, name.as_bytes(), 0o644, ME) {
-            Ok(a) => a,
-            Err(FsError::NoSpace) => break,
-            Err(e) => return Err(fs_err(e)),
-        };
-        for off in (0..FILL_FILE).step_by(FILL_WRITE) {
-            match fs.write(None, a.ino, off, &chunk) {
-                Ok(_) => {}
-                Err(FsError::NoSpace) => {
-                    fs.unlink(None, ROOT, name.as_bytes()).map_err(fs_err)?;
-                    break 'fill;
-                }
-                Err(e) => return Err(fs_err(e)),
-            }
-        }
-        fs.sync().map_err(fs_err)?;
-        inos.push(a.ino);
-    }
-    fs.sync().map_err(fs_err)?;
-    let reached = 1.0 - fs.statfs().blocks_free as f64 / free_at_start.max(1) as f64;
+    let (inos, reached) = fill_to(&fs, fill)?;
     if inos.is_empty() {
         return Err(BenchError::BadInput {
             reason: "the mixed run's file system is too small".into(),
@@ -285,7 +258,7 @@ fn mixed_run(
         let mut rng = fastrand::Rng::with_seed(seed);
         let block = vec![0x77_u8; bs as usize];
         let mut r = CleanerRun::default();
-        let blocks_per_file = FILL_FILE / bs;
+        let blocks_per_file = FILE_BYTES / bs;
         while !stop.load(Ordering::Relaxed) {
             let ino = fill_inos[rng.usize(..fill_inos.len())];
             match fs.write(None, ino, rng.u64(..blocks_per_file) * bs, &block) {
