@@ -70,22 +70,7 @@ impl Nbdkit {
         args.push(pid.display().to_string());
         args.extend(filters.iter().map(|f| format!("--filter={f}")));
         args.extend(plugin_and_params.iter().map(|s| (*s).to_string()));
-        let mut child = Command::new("nbdkit")
-            .args(&args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start nbdkit: {e}"));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !pid.exists() {
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!("nbdkit {args:?} exited before it was ready: {status}");
-            }
-            assert!(Instant::now() < deadline, "nbdkit not ready after 20 s");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        // The socket is bound before the pid file is written; give the file a moment.
-        std::thread::sleep(Duration::from_millis(30));
+        let child = spawn_ready("nbdkit", &args, &pid);
         let uri = format!("nbd+unix:///?socket={}", socket.display());
         Nbdkit { child, socket: socket.to_path_buf(), uri }
     }
@@ -127,21 +112,7 @@ impl QemuNbd {
             "--cache=writeback".into(),
             image.display().to_string(),
         ];
-        let mut child = Command::new("qemu-nbd")
-            .args(&args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start qemu-nbd: {e}"));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !pid.exists() {
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!("qemu-nbd {args:?} exited before it was ready: {status}");
-            }
-            assert!(Instant::now() < deadline, "qemu-nbd not ready after 20 s");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        std::thread::sleep(Duration::from_millis(50));
+        let child = spawn_ready("qemu-nbd", &args, &pid);
         let uri = format!("nbd+unix:///?socket={}", socket.display());
         QemuNbd { child, uri }
     }
@@ -162,4 +133,25 @@ impl Drop for QemuNbd {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Start `program args` and wait (at most 20 s) until it has written its pid file `pid`; it
+/// binds its socket before that, and gets a moment more to finish the file.
+fn spawn_ready(program: &str, args: &[String], pid: &Path) -> Child {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !pid.exists() {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("{program} {args:?} exited before it was ready: {status}");
+        }
+        assert!(Instant::now() < deadline, "{program} not ready after 20 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    child
 }
