@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use shuttle::thread;
-use tally_fs::{Fs, FsError, MkfsOptions, MountOptions, Owner, ROOT};
+use tally_fs::{Fs, FsError, Ino, MkfsOptions, MountOptions, Owner, RenameFlags, ROOT};
 use tally_media::{Device, MemDevice};
 
 const ME: Owner = Owner { uid: 0, gid: 0 };
@@ -157,6 +157,226 @@ fn partial_write_against_overwrite() {
     both[10..14].copy_from_slice(b"late");
     assert!(got == vec![2u8; 4096] || got == both, "not linearizable: {:?}", &got[..16]);
     assert!(fs.fsck().is_clean(), "{:?}", fs.fsck().problems);
+}
+
+/// Every directory reachable from the root exactly once, each one's `..` its parent there, and
+/// the number reached. A rename cycle (`a` inside `c` inside `a`) leaves directories that the
+/// root no longer reaches, or reaches through a loop: the count comes out short, or the walk
+/// meets a directory twice.
+fn directories_reachable(fs: &Fs) -> usize {
+    let mut seen = std::collections::BTreeSet::from([ROOT]);
+    let mut todo = vec![ROOT];
+    while let Some(dir) = todo.pop() {
+        for e in fs.readdir(dir, 0).unwrap() {
+            if e.name == b"." || e.name == b".." || e.kind != tally_fs::FileKind::Dir {
+                continue;
+            }
+            assert!(seen.insert(e.ino), "directory {} reached twice: a cycle", e.ino);
+            assert_eq!(fs.lookup(e.ino, b"..").unwrap().ino, dir, "`..` of {:?}", e.name);
+            todo.push(e.ino);
+        }
+    }
+    seen.len()
+}
+
+/// Run `f` on a shuttle thread per closure and join them all.
+fn all<F: FnOnce() + Send + 'static>(fs: Vec<F>) {
+    let handles: Vec<_> = fs.into_iter().map(thread::spawn).collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
+
+/// `/a/b → /c/b` and `/c/d → /a/d` at once: cross-directory renames in opposite directions,
+/// which per-inode locking taken in argument order would deadlock on (one holds `a` and wants
+/// `c`, the other the reverse). Both must succeed, each all or nothing: afterwards `a` holds
+/// `d` and `c` holds `b`, nothing else, every directory reachable once, link counts right.
+fn opposite_cross_directory_renames() {
+    let fs = fresh();
+    let a = fs.mkdir(None, ROOT, b"a", 0o755, ME).unwrap().ino;
+    let c = fs.mkdir(None, ROOT, b"c", 0o755, ME).unwrap().ino;
+    let b = fs.mkdir(None, a, b"b", 0o755, ME).unwrap().ino;
+    let d = fs.mkdir(None, c, b"d", 0o755, ME).unwrap().ino;
+    let (f1, f2) = (fs.clone(), fs.clone());
+    all(vec![
+        Box::new(move || f1.rename(None, a, b"b", c, b"b", RenameFlags::default()).unwrap())
+            as Box<dyn FnOnce() + Send>,
+        Box::new(move || f2.rename(None, c, b"d", a, b"d", RenameFlags::default()).unwrap()),
+    ]);
+    assert_eq!(fs.lookup(a, b"d").unwrap().ino, d);
+    assert_eq!(fs.lookup(c, b"b").unwrap().ino, b);
+    assert!(fs.lookup(a, b"b").is_err() && fs.lookup(c, b"d").is_err(), "a name left behind");
+    assert_eq!(directories_reachable(&fs), 5);
+    assert_eq!((fs.getattr(a).unwrap().nlink, fs.getattr(c).unwrap().nlink), (3, 3));
+    assert!(fs.fsck().is_clean(), "{:?}", fs.fsck().problems);
+}
+
+/// A rename cycle: `/a → /c/d/a` and `/c → /a/b/c` at once. Each alone is legal; both would
+/// put `a` inside `c` inside `a`, cut off from the root. The ancestry check of one must see the
+/// other's result: exactly one succeeds, the other fails with `EINVAL`, and the tree has no
+/// cycle (every directory reachable from the root, once) and `fsck` is clean. Never a deadlock.
+fn rename_cycle() {
+    let fs = fresh();
+    let a = fs.mkdir(None, ROOT, b"a", 0o755, ME).unwrap().ino;
+    let c = fs.mkdir(None, ROOT, b"c", 0o755, ME).unwrap().ino;
+    let b = fs.mkdir(None, a, b"b", 0o755, ME).unwrap().ino;
+    let d = fs.mkdir(None, c, b"d", 0o755, ME).unwrap().ino;
+    let won = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let spawn = |from: &'static [u8], to: Ino| {
+        let (fs, won) = (fs.clone(), won.clone());
+        Box::new(move || match fs.rename(None, ROOT, from, to, from, RenameFlags::default()) {
+            Ok(()) => {
+                won.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            Err(FsError::Invalid(_)) => {}
+            Err(e) => panic!("rename {from:?}: {e}"),
+        }) as Box<dyn FnOnce() + Send>
+    };
+    all(vec![spawn(b"a", d), spawn(b"c", b)]);
+    assert_eq!(won.load(std::sync::atomic::Ordering::SeqCst), 1, "both or neither renamed");
+    assert_eq!(directories_reachable(&fs), 5, "a directory cut off from the root");
+    assert_eq!(fs.getattr(ROOT).unwrap().nlink, 3, "root, `.` and the one left in it");
+    assert!(fs.fsck().is_clean(), "{:?}", fs.fsck().problems);
+}
+
+/// Create, write, rename and unlink on one shared directory from three threads. Two threads
+/// race to create `d/x` (exactly one may win: a create's name check and insertion are one
+/// step); the winner writes its tag into it; a third renames `d/f0` to `d/f1`, unlinks that
+/// and makes `d/sub`. The end state is then fully determined: `x` (the winner's bytes), `sub`,
+/// and nothing else, the directory's link count right, `fsck` clean.
+fn shared_directory_churn() {
+    let fs = fresh();
+    let d = fs.mkdir(None, ROOT, b"d", 0o755, ME).unwrap().ino;
+    fs.create(None, d, b"f0", 0o644, ME).unwrap();
+    let winners = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let racer = |tag: u8| {
+        let (fs, winners) = (fs.clone(), winners.clone());
+        Box::new(move || match fs.create(None, d, b"x", 0o644, ME) {
+            Ok(attr) => {
+                winners.lock().unwrap().push(tag);
+                assert_eq!(fs.write(None, attr.ino, 0, &[tag; 3000]).unwrap(), 3000);
+            }
+            Err(FsError::Exists) => {}
+            Err(e) => panic!("create: {e}"),
+        }) as Box<dyn FnOnce() + Send>
+    };
+    let other = {
+        let fs = fs.clone();
+        Box::new(move || {
+            fs.rename(None, d, b"f0", d, b"f1", RenameFlags::default()).unwrap();
+            fs.unlink(None, d, b"f1").unwrap();
+            fs.mkdir(None, d, b"sub", 0o755, ME).unwrap();
+        }) as Box<dyn FnOnce() + Send>
+    };
+    all(vec![racer(1), racer(2), other]);
+    let winners = winners.lock().unwrap().clone();
+    assert_eq!(winners.len(), 1, "creates of one name both succeeded: {winners:?}");
+    let names: Vec<Vec<u8>> = fs.readdir(d, 0).unwrap().into_iter().map(|e| e.name).collect();
+    assert_eq!(names.len(), 4, "{names:?}");
+    for want in [&b"x"[..], b"sub"] {
+        assert!(names.iter().any(|n| n == want), "{want:?} missing: {names:?}");
+    }
+    let x = fs.lookup(d, b"x").unwrap();
+    assert_eq!(fs.read(x.ino, 0, 4000).unwrap(), vec![winners[0]; 3000]);
+    assert_eq!(fs.getattr(d).unwrap().nlink, 3);
+    assert!(fs.fsck().is_clean(), "{:?}", fs.fsck().problems);
+}
+
+/// An explicit transaction that writes `a`, creates `d/t` and renames `b2` into `d` aborts
+/// while other threads create in `d`, rename a file into `d` and unlink another there, and
+/// write a third file. The abort puts back exactly what the transaction changed and nothing
+/// the others did (its undo must not restore `d`'s link count or entries over theirs); a
+/// remount after `sync` shows the same.
+fn abort_beside_others() {
+    let (dev, fs) = fresh_on();
+    let d = fs.mkdir(None, ROOT, b"d", 0o755, ME).unwrap().ino;
+    let a = fs.create(None, ROOT, b"a", 0o644, ME).unwrap().ino;
+    fs.write(None, a, 0, b"old").unwrap();
+    fs.create(None, ROOT, b"b", 0o644, ME).unwrap();
+    fs.create(None, ROOT, b"b2", 0o644, ME).unwrap();
+    fs.create(None, d, b"gone", 0o644, ME).unwrap();
+    let c = fs.create(None, ROOT, b"c", 0o644, ME).unwrap().ino;
+    let txn = {
+        let fs = fs.clone();
+        Box::new(move || {
+            let t = fs.begin().unwrap();
+            fs.write(Some(&t), a, 0, b"new bytes").unwrap();
+            fs.create(Some(&t), d, b"t", 0o644, ME).unwrap();
+            fs.rename(Some(&t), ROOT, b"b2", d, b"t2", RenameFlags::default()).unwrap();
+            fs.abort(t).unwrap();
+        }) as Box<dyn FnOnce() + Send>
+    };
+    let namer = {
+        let fs = fs.clone();
+        Box::new(move || {
+            fs.mkdir(None, d, b"p", 0o755, ME).unwrap();
+            fs.rename(None, ROOT, b"b", d, b"b", RenameFlags::default()).unwrap();
+            fs.unlink(None, d, b"gone").unwrap();
+        }) as Box<dyn FnOnce() + Send>
+    };
+    let writer = {
+        let fs = fs.clone();
+        Box::new(move || {
+            fs.write(None, c, 0, &[7u8; 5000]).unwrap();
+            fs.fsync(c).unwrap();
+        }) as Box<dyn FnOnce() + Send>
+    };
+    all(vec![txn, namer, writer]);
+    let check = |fs: &Fs| {
+        assert_eq!(fs.read(a, 0, 100).unwrap(), b"old", "the aborted write stayed");
+        let mut names: Vec<Vec<u8>> =
+            fs.readdir(d, 0).unwrap().into_iter().map(|e| e.name).collect();
+        names.sort();
+        assert_eq!(names, [&b"."[..], b"..", b"b", b"p"], "d's entries");
+        assert!(fs.lookup(ROOT, b"b2").is_ok(), "the aborted rename stayed");
+        assert_eq!(fs.getattr(d).unwrap().nlink, 3, "d, `.`, p");
+        assert_eq!(fs.read(c, 0, 6000).unwrap(), vec![7u8; 5000]);
+        assert!(fs.fsck().is_clean(), "{:?}", fs.fsck().problems);
+    };
+    check(&fs);
+    fs.sync().unwrap();
+    drop(fs);
+    check(&Fs::mount(dev, MountOptions::default()).unwrap());
+}
+
+#[test]
+fn opposite_cross_directory_renames_random() {
+    shuttle::check_random(opposite_cross_directory_renames, SCHEDULES);
+}
+
+#[test]
+fn opposite_cross_directory_renames_pct() {
+    shuttle::check_pct(opposite_cross_directory_renames, SCHEDULES, 3);
+}
+
+#[test]
+fn rename_cycle_random() {
+    shuttle::check_random(rename_cycle, SCHEDULES);
+}
+
+#[test]
+fn rename_cycle_pct() {
+    shuttle::check_pct(rename_cycle, SCHEDULES, 3);
+}
+
+#[test]
+fn shared_directory_churn_random() {
+    shuttle::check_random(shared_directory_churn, SCHEDULES);
+}
+
+#[test]
+fn shared_directory_churn_pct() {
+    shuttle::check_pct(shared_directory_churn, SCHEDULES, 3);
+}
+
+#[test]
+fn abort_beside_others_random() {
+    shuttle::check_random(abort_beside_others, SCHEDULES);
+}
+
+#[test]
+fn abort_beside_others_pct() {
+    shuttle::check_pct(abort_beside_others, SCHEDULES, 3);
 }
 
 #[test]
