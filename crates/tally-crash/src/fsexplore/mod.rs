@@ -28,6 +28,7 @@
 //!
 //! One seed reproduces everything; `docs/FS-CRASH-TESTING.md` has the counts.
 
+mod concurrent;
 pub(crate) mod medium;
 mod model;
 mod run;
@@ -35,6 +36,7 @@ mod workload;
 
 pub use tally_fs::{mutants_available, FsMutant};
 
+pub use concurrent::{concurrent, ConcurrentWorkload, TStep};
 pub use medium::{explorer_view, Medium};
 pub use model::{
     Candidates, FsInvariant, FsViolation, History, MIno, MNode, MOp, MState, Tree, TreeNode, MROOT,

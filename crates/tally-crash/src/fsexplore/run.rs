@@ -21,6 +21,7 @@ use super::workload::{
 };
 use tally_media::pmem::{BlockMutant, BlockView};
 
+mod concurrent;
 mod generations;
 
 /// What to explore, and how hard.
@@ -184,7 +185,7 @@ pub struct FsExplorer {
 struct At<'a> {
     set: &'a str,
     index: usize,
-    workload: &'a FsWorkload,
+    workload: &'a dyn std::fmt::Display,
     step: usize,
     what: &'static str,
 }

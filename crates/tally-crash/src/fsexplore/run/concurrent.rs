@@ -1,0 +1,198 @@
+//! Running a concurrent workload (`fsexplore/concurrent.rs`): the scheduled steps of two
+//! threads, each an operation, a step of a thread's explicit transaction, or a persistence
+//! call, with every crash point after and inside each judged as in a seq-n workload.
+//!
+//! The model keeps the committed state (what the history's operations leave) apart from each
+//! thread's open transaction (its resolved operations, applied to the DRAM view but in no
+//! history until the commit): the live tree must be the committed state with the open
+//! transactions applied; a crash image must be the state after a legal subset of the history.
+
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use tally_fs::{Fs, FsError, Ino, Txn};
+
+use super::{exec, run_persist, walk, At, FsExplorer, Live};
+use crate::fsexplore::concurrent::{ConcurrentWorkload, TStep};
+use crate::fsexplore::medium::Recorder;
+use crate::fsexplore::model::{FsInvariant, FsViolation, History, MIno, MOp, MState};
+use crate::fsexplore::workload::{resolve, step_tag, TxnEnd};
+
+/// The model's side of a running concurrent workload.
+struct Threads {
+    map: BTreeMap<MIno, Ino>,
+    /// What the committed operations leave.
+    committed: MState,
+    hist: History,
+    /// Each thread's open transaction and its operations so far.
+    open: [Option<(Txn, Vec<MOp>)>; 2],
+}
+
+impl Threads {
+    /// The DRAM view: the committed state with the open transactions' operations applied.
+    fn live(&self) -> Result<MState, String> {
+        let mut st = self.committed.clone();
+        for (_, ops) in self.open.iter().flatten() {
+            for op in ops {
+                st.apply(op)?;
+            }
+        }
+        Ok(st)
+    }
+}
+
+impl FsExplorer {
+    /// Run concurrent workload `index` of `set` from the start state, checking every crash
+    /// point.
+    pub fn run_concurrent(&mut self, set: &str, index: usize, workload: &ConcurrentWorkload) {
+        self.report.workloads += 1;
+        let at0 = At { set, index, workload, step: 0, what: "start" };
+        let start = match self.start() {
+            Ok(s) => s,
+            Err(message) => {
+                let v = FsViolation { invariant: FsInvariant::I4MountAndFsck, message };
+                return self.record(at0, v);
+            }
+        };
+        let dev = Recorder::new(self.cfg.medium, &start.image, self.cfg.seed, self.view());
+        let opts = self.mount_options();
+        let fs = match catch_unwind(AssertUnwindSafe(|| Fs::mount(dev.device(), opts))) {
+            Ok(Ok(fs)) => fs,
+            _ => {
+                let message = "mounting the start image failed".to_string();
+                let v = FsViolation { invariant: FsInvariant::I4MountAndFsck, message };
+                return self.record(at0, v);
+            }
+        };
+        let mut th = Threads {
+            map: start.map.clone(),
+            committed: start.state.clone(),
+            hist: History::new(start.state.clone(), self.cfg.streams == 1),
+            open: [None, None],
+        };
+        for (i, (t, step)) in workload.steps().iter().enumerate() {
+            let at = At { set, index, workload, step: i, what: "step" };
+            let live = Live { fs: &fs, dev: &dev };
+            if !self.run_thread_step(live, &mut th, usize::from(*t), step, step_tag(i), at) {
+                return;
+            }
+        }
+        // Transactions left open by a workload would be a bug in the workload.
+        if th.open.iter().any(Option::is_some) {
+            let message = "a transaction was left open".to_string();
+            self.record(at0, FsViolation { invariant: FsInvariant::I1Atomicity, message });
+        }
+    }
+
+    /// Run one step of thread `t`, then check the live tree and every crash point inside and
+    /// after it; false when the workload should stop.
+    fn run_thread_step(
+        &mut self,
+        live: Live<'_>,
+        th: &mut Threads,
+        t: usize,
+        step: &TStep,
+        tag: u64,
+        at: At<'_>,
+    ) -> bool {
+        let Live { fs, dev } = live;
+        let bs = self.bs();
+        dev.set_recording(self.cfg.crash_inside_ops);
+        let before = th.hist.clone();
+        let done = catch_unwind(AssertUnwindSafe(|| thread_step(fs, th, t, step, tag, bs)));
+        let inside = dev.take_points();
+        let done = done.unwrap_or_else(|_| Err(format!("`{step}` panicked")));
+        if let Err(message) = done {
+            self.record(at, FsViolation { invariant: FsInvariant::I1Atomicity, message });
+            return false;
+        }
+        let want = match th.live() {
+            Ok(st) => st.tree(),
+            Err(message) => {
+                self.record(at, FsViolation { invariant: FsInvariant::I1Atomicity, message });
+                return false;
+            }
+        };
+        match walk(fs) {
+            Ok(tree) if tree == want => {}
+            Ok(tree) => {
+                let message = format!(
+                    "after `t{t}: {step}` the live tree differs from the model: {}",
+                    tree.diff(&want)
+                );
+                self.record(at, FsViolation { invariant: FsInvariant::I1Atomicity, message });
+                return false;
+            }
+            Err(message) => {
+                self.record(at, FsViolation { invariant: FsInvariant::I1Atomicity, message });
+                return false;
+            }
+        }
+        // Inside a step nothing it does is acknowledged yet: the history with its operation
+        // (present or not) and the acknowledgements from before it.
+        let mut inside_hist = th.hist.clone();
+        inside_hist.acked = before.acked;
+        if !self.points(&inside, &inside_hist, At { what: "inside step", ..at }) {
+            return false;
+        }
+        self.points(&[dev.point_now()], &th.hist, at)
+    }
+}
+
+/// Run `step` of thread `t` on the file system and the model.
+fn thread_step(
+    fs: &Fs,
+    th: &mut Threads,
+    t: usize,
+    step: &TStep,
+    tag: u64,
+    bs: u64,
+) -> Result<(), String> {
+    let err = |e: FsError| format!("`t{t}: {step}` failed: {e}");
+    match step {
+        TStep::Op(op) => {
+            // Resolved against the DRAM view (names the other thread's open transaction
+            // made are taken), applied to the committed state.
+            let m = resolve(&th.live()?, op, tag, bs)?.ok_or("nothing to do")?;
+            exec(fs, &mut th.map, &m, None).map_err(err)?;
+            let touched = th.committed.apply(&m)?;
+            th.hist.push(m, touched);
+        }
+        TStep::Begin => {
+            if th.open[t].is_some() {
+                return Err(format!("t{t} began a second transaction"));
+            }
+            th.open[t] = Some((fs.begin().map_err(err)?, Vec::new()));
+        }
+        TStep::InTxn(op) => {
+            let live = th.live()?;
+            let m = resolve(&live, op, tag, bs)?.ok_or("nothing to do")?;
+            let (txn, ops) = th.open[t].as_mut().ok_or_else(|| format!("t{t}: no transaction"))?;
+            exec(fs, &mut th.map, &m, Some(txn)).map_err(err)?;
+            ops.push(m);
+        }
+        TStep::End(end) => {
+            let (txn, ops) = th.open[t].take().ok_or_else(|| format!("t{t}: no transaction"))?;
+            match end {
+                TxnEnd::Abort => fs.abort(txn).map_err(err)?,
+                TxnEnd::Commit | TxnEnd::CommitDurable => {
+                    let group = MOp::Group(ops);
+                    let touched = th.committed.apply(&group)?;
+                    th.hist.push(group, touched);
+                    if *end == TxnEnd::CommitDurable {
+                        fs.commit_durable(txn).map_err(err)?;
+                        th.hist.ack(1 << (th.hist.ops.len() - 1));
+                    } else {
+                        fs.commit(txn).map_err(err)?;
+                    }
+                }
+            }
+        }
+        TStep::Persist(p) => {
+            // Paths resolve in the DRAM view; what is acknowledged is the history's.
+            let live = th.live()?;
+            run_persist(fs, &th.map, &live, &mut th.hist, p)?;
+        }
+    }
+    Ok(())
+}
