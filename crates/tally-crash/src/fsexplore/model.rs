@@ -702,7 +702,10 @@ impl Candidates {
         if let Some(&m) = matches.iter().find(|&&m| h.closed(m) && m & h.acked == h.acked) {
             return Ok(m);
         }
-        let fmt = |m: u64| format!("{m:0width$b}", width = h.ops.len().max(1));
+        // Operation 0 first, as the messages say.
+        let fmt = |m: u64| -> String {
+            format!("{m:0width$b}", width = h.ops.len().max(1)).chars().rev().collect()
+        };
         if matches.is_empty() {
             let nearest = self
                 .trees
