@@ -24,7 +24,14 @@
 //!   thread owns its io_uring and registers its own entries;
 //! - at unmount (or abort) the kernel completes every command with `-ENOTCONN`: a thread ends
 //!   when all its entries are ended;
-//! - each thread runs on its queue's CPU where it may (as libfuse's do).
+//! - each thread runs on its queue's CPU where it may (as libfuse's do), and sleeps between
+//!   requests. The kernel hands a request to the queue entry committed last (its list of
+//!   available entries is last in, first out), on the queue of the caller's CPU, so a caller
+//!   issuing one request at a time and the thread answering it hand that CPU to each other
+//!   with no inter-processor interrupt. Polling for the next request instead of sleeping was
+//!   tried and lost (docs/bench/mount.md, "polling the ring's queues"): a thread polling on the
+//!   caller's CPU keeps the caller off it, and one polling on another CPU makes every answer
+//!   wake the caller across CPUs — untar and rm -rf 4-5x slower on a 2-vCPU VM.
 //!
 //! Invariants: an entry's buffers never move while registered (boxed or mapped, never resized); an
 //! entry always has exactly one command with the kernel or is ended; answers are written only
