@@ -4,6 +4,9 @@
 //! panic, with every explicit transaction all-or-nothing and `fsck` clean.
 #![cfg(shuttle)]
 
+mod linearize;
+
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use shuttle::thread;
@@ -337,6 +340,77 @@ fn abort_beside_others() {
     fs.sync().unwrap();
     drop(fs);
     check(&Fs::mount(dev, MountOptions::default()).unwrap());
+}
+
+/// Schedules run so far by `linearizable_history` (each draws its own operations).
+static LINEARIZABLE_RUNS: AtomicU64 = AtomicU64::new(0);
+
+std::thread_local! {
+    /// Pairs of operations of different threads that overlapped in time, in the schedules this
+    /// test thread ran (shuttle runs a test's tasks on the test's thread).
+    static OVERLAPS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The multithreaded model-based test (`tests/linearizable.rs`) with shuttle choosing the
+/// interleaving instead of the OS: three threads run four seeded random operations each
+/// (namespace operations on two shared directories, writes, reads, explicit transactions),
+/// every call and return stamped; the history with the final state observed after it must be
+/// linearizable against the reference model. Where the OS mostly runs short operations one
+/// after another, shuttle switches threads at every lock, wait and notify inside them.
+fn linearizable_history() {
+    const THREADS: usize = 3;
+    let run = LINEARIZABLE_RUNS.fetch_add(1, Ordering::SeqCst);
+    let (fs, fx) = linearize::fresh();
+    let clock = Arc::new(AtomicU64::new(0));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (fs, clock) = (fs.clone(), clock.clone());
+            thread::spawn(move || {
+                let mut rng = fastrand::Rng::with_seed(run * 31 + t as u64);
+                let mut events = Vec::new();
+                for k in 0..4 {
+                    let op = linearize::random_op(&mut rng, (1 + t * 4 + k) as u8);
+                    if matches!(op, linearize::Op::Txn { .. }) {
+                        events.extend(linearize::run_txn(&fs, fx, t, &op, &clock));
+                        continue;
+                    }
+                    let call = clock.fetch_add(1, Ordering::SeqCst);
+                    let ret = linearize::run_op(&fs, fx, &op);
+                    let done = clock.fetch_add(1, Ordering::SeqCst);
+                    events.push(linearize::Event { thread: t, op, ret, call, done });
+                }
+                events
+            })
+        })
+        .collect();
+    let mut h: Vec<linearize::Event> =
+        handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    linearize::observe_final(&fs, fx, &mut h, THREADS);
+    assert!(
+        linearize::linearization(fx, &h, linearize::Variant::Right).is_some(),
+        "schedule {run}: not linearizable:\n{}",
+        linearize::describe(&h)
+    );
+    assert!(fs.fsck().is_clean(), "{:?}", fs.fsck().problems);
+    OVERLAPS.with(|o| o.set(o.get() + linearize::overlapping_pairs(&h)));
+}
+
+/// Without overlapping operations the histories would be sequential and prove little.
+fn assert_overlaps() {
+    let n = OVERLAPS.with(std::cell::Cell::get);
+    assert!(n > SCHEDULES, "only {n} overlapping pairs in {SCHEDULES} schedules");
+}
+
+#[test]
+fn linearizable_history_random() {
+    shuttle::check_random(linearizable_history, SCHEDULES);
+    assert_overlaps();
+}
+
+#[test]
+fn linearizable_history_pct() {
+    shuttle::check_pct(linearizable_history, SCHEDULES, 3);
+    assert_overlaps();
 }
 
 #[test]
