@@ -85,6 +85,68 @@ fn a_large_transaction_kept_without_its_close_is_caught() {
     }
 }
 
+/// Workloads that clean stream 0 onto stream 1 (`G`, hot/cold separation): the copies must be
+/// durable on stream 1 before stream 0's checkpoint frees their originals, whatever stream 0's
+/// durability (`s` before `G` leaves nothing of stream 0 to flush), beside stream 1's own
+/// transactions (`d` depends on stream 0's last, `e` the other way, `l` is classic), with
+/// stream 0 cleaned again on the same stream (`g`), checkpointed (`k`), crashed (`c`, `p`,
+/// `r`) and going on, and across a large transaction's segments (`L`).
+const ELSEWHERE_WORKLOADS: [&str; 16] = [
+    "aMG", "aMsG", "MMsGG", "dMsGa", "aMdsGe", "lMsGd", "aMsGk", "aMsGcG", "aMGgs", "MsGg",
+    "aMsGpa", "aMsGcr", "aLsG", "LLsGG", "mMsGcs", "dMGsGe",
+];
+
+fn elsewhere(cfg: ExploreConfig) -> Report {
+    let mut ex = Explorer::new(cfg);
+    'all: for w in ELSEWHERE_WORKLOADS {
+        let w = Workload::parse(w).expect("workload letters");
+        for start in Start::ALL {
+            ex.run(&w, start, true);
+            if ex.done() {
+                break 'all;
+            }
+        }
+    }
+    ex.report()
+}
+
+/// Cleaning that relocates onto another stream keeps every invariant: a crash anywhere in it
+/// leaves the originals (checkpoint not moved) or the copies (durable on the target).
+#[test]
+fn cleaning_onto_another_stream_finds_no_violation() {
+    let r = elsewhere(ExploreConfig::default());
+    println!("cleaning onto another stream: {}", summary(&r));
+    assert!(r.crash_points_inside_ops > 0 && r.states_checked > 100, "{}", summary(&r));
+    assert_eq!(r.violations, 0, "first: {:?}", r.first_violation);
+}
+
+/// Cleaning that makes only the cleaned stream durable before its checkpoint (the copies on
+/// the target stream not yet) is caught by the `G` workloads.
+#[cfg_attr(not(feature = "mutants"), ignore = "needs the mutants feature")]
+#[test]
+fn cleaning_onto_another_stream_before_its_copies_are_durable_is_caught() {
+    #[cfg(feature = "mutants")]
+    {
+        use tally_log::Mutant;
+        let mutants: Vec<Mutant> =
+            Mutant::ALL.into_iter().filter(|m| m.needs_relocation_elsewhere()).collect();
+        assert!(!mutants.is_empty());
+        for m in mutants {
+            let cfg =
+                ExploreConfig { mutant: Some(m), stop_at_first: true, ..ExploreConfig::default() };
+            let r = elsewhere(cfg);
+            let v = r.first_violation.unwrap_or_else(|| panic!("{} not caught", m.name()));
+            println!(
+                "{} caught by {} in workload {}: {}",
+                m.name(),
+                v.invariant.name(),
+                v.workload,
+                v.message
+            );
+        }
+    }
+}
+
 fn summary(r: &Report) -> String {
     format!(
         "workloads {} points {} (inside ops {}) states {} unique {} recovery-crash {} violations {} ({:.0} states/s, all exhaustive: {})",
@@ -192,6 +254,7 @@ fn every_mutant_is_caught() {
             && !m.needs_generations()
             && !m.needs_damage()
             && !m.needs_large_transactions()
+            && !m.needs_relocation_elsewhere()
     };
     for m in Mutant::ALL.into_iter().filter(single_crash) {
         let write_outs =

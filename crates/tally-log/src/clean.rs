@@ -5,13 +5,30 @@
 //! records that were committed later than it. The layer above must therefore carry a
 //! per-object version in its records and never apply an older version over a newer one
 //! (DESIGN.md §3.2, "order of updates to one object across streams and GC").
+//!
+//! Relocations may go to another stream than the one cleaned ([`Log::clean_split_to`]): the
+//! layer above keeps its surviving (cold) records on a stream of their own, so that the heads
+//! of the streams taking fresh writes are mostly dead when cleaning reaches them, instead of
+//! holding the same cold records again on every pass (LFS's hot/cold separation; a chain is
+//! freed only from its head). What keeps recovery correct, whichever stream they land on:
+//! - the relocations are durable on every stream (a full `sync`, not only the cleaned
+//!   stream's) before the superblock that moves the cleaned stream's checkpoint is written,
+//!   so no crash image has the old segments gone and the copies missing
+//!   ([`Mutant::RelocationNotDurable`] waits only for the cleaned stream, and is caught);
+//! - a relocated transaction has no dependencies and nothing depends on it; a dependency on a
+//!   cleaned transaction is met by the checkpoint (it is at or below it), as before;
+//! - a checkpoint of the cleaned stream covers its transactions up to `upto`, nothing on the
+//!   target: the copies are ordinary transactions of the target's prefix, replayed (by
+//!   version) until the target's own cleaning moves or drops them;
+//! - an open large transaction is never cleaned into, and a copy is a transaction of its
+//!   own, never a part of a run on the target.
 
 use std::collections::HashMap;
 
 use crate::api::SegmentUsage;
 use crate::engine::lock;
 use crate::recover::read_transactions;
-use crate::{CommitInfo, Log, LogError, RecoveredTx, Result, Transaction, TxId};
+use crate::{CommitInfo, Log, LogError, Mutant, RecoveredTx, Result, Transaction, TxId};
 
 /// What [`Log::clean`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -197,18 +214,39 @@ impl Log {
     ///
     /// # Errors
     /// As [`Log::clean`].
-    pub fn clean_split<F>(
+    pub fn clean_split<F>(&self, stream: u16, segments: usize, relocate: F) -> Result<CleanReport>
+    where
+        F: FnMut(&RecoveredTx) -> Result<Vec<Transaction>>,
+    {
+        self.clean_split_to(stream, segments, stream, relocate)
+    }
+
+    /// [`Log::clean_split`] whose relocations are committed on stream `target` (which may be
+    /// `stream`): the layer above keeps what survives cleaning apart from fresh writes (the
+    /// module's documentation says why recovery stays correct). The report's `relocated`
+    /// tickets are on `target`.
+    ///
+    /// # Errors
+    /// As [`Log::clean`]; [`LogError::NoSpace`] names `target`, an unknown `target` is
+    /// [`LogError::Invalid`].
+    pub fn clean_split_to<F>(
         &self,
         stream: u16,
         segments: usize,
+        target: u16,
         mut relocate: F,
     ) -> Result<CleanReport>
     where
         F: FnMut(&RecoveredTx) -> Result<Vec<Transaction>>,
     {
-        let s = usize::from(stream);
-        let st =
-            self.streams.get(s).ok_or_else(|| LogError::Invalid(format!("no stream {stream}")))?;
+        let st = self
+            .streams
+            .get(usize::from(stream))
+            .ok_or_else(|| LogError::Invalid(format!("no stream {stream}")))?;
+        let to = usize::from(target);
+        if to >= self.streams.len() {
+            return Err(LogError::Invalid(format!("no stream {target} to relocate to")));
+        }
         let before = self.dev.stats();
         let upto = {
             let st = lock(st);
@@ -237,13 +275,13 @@ impl Log {
         let mut moved: Vec<(TxId, Transaction)> = Vec::new();
         for tx in &txs {
             for mut t in relocate(tx)? {
-                t.retarget(stream);
+                t.retarget(target);
                 moved.push((tx.id, t));
             }
         }
         let spans: Vec<u64> = moved.iter().map(|(_, t)| self.planned_span(t)).collect();
-        if !self.room_for(s, &spans) {
-            return Err(LogError::NoSpace { stream });
+        if !self.room_for(to, &spans) {
+            return Err(LogError::NoSpace { stream: target });
         }
         for (old, t) in moved {
             let info = self.commit(t)?;
@@ -251,11 +289,81 @@ impl Log {
             report.transactions_relocated += 1;
         }
         let free_before = self.free_segments();
-        self.sync()?;
+        if self.mutant(Mutant::RelocationNotDurable) {
+            // The mutant makes only the cleaned stream durable, as if the copies were on it.
+            let last = lock(st).last_seq;
+            self.wait_durable(TxId { stream, seq: last })?;
+        } else {
+            // Every stream: the copies are on `target`, the checkpoint frees `stream`'s
+            // segments, and the superblock moving it must not reach the media before them.
+            self.sync()?;
+        }
         self.checkpoint(stream, upto)?;
         report.checkpointed_seq = Some(upto);
         report.segments_freed = self.free_segments().saturating_sub(free_before);
         report.bytes_written = (self.dev.stats() - before).bytes_written;
         Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tally_media::MemDevice;
+
+    use crate::{Log, LogConfig, LogError, OpenOptions, Recovery, Transaction};
+
+    fn reopen(dev: &Arc<MemDevice>) -> (Log, Recovery) {
+        Log::open(dev.clone(), OpenOptions::default()).unwrap()
+    }
+
+    fn records(r: &Recovery, stream: usize) -> Vec<String> {
+        r.streams[stream]
+            .txs
+            .iter()
+            .flat_map(|t| t.records.iter().map(|r| String::from_utf8_lossy(r).into_owned()))
+            .collect()
+    }
+
+    fn tx(stream: u16, tag: &str) -> Transaction {
+        let mut t = Transaction::new(stream);
+        t.record(tag.as_bytes().to_vec());
+        t
+    }
+
+    /// Cleaning stream 0 onto stream 1: the copies land after stream 1's own transactions,
+    /// stream 0's cleaned segment is freed, and a reopen finds each record once, where it now
+    /// is; a target that does not exist changes nothing.
+    #[test]
+    fn cleaning_onto_another_stream_moves_the_live_records_there() {
+        let dev = Arc::new(MemDevice::new(512, 2 + 12 * 8).unwrap());
+        Log::format(&*dev, &LogConfig { streams: 2, segment_blocks: 8, uuid: [7; 16] }).unwrap();
+        let (log, _) = reopen(&dev);
+        log.commit_durable(tx(1, "s1")).unwrap();
+        for i in 0..12 {
+            log.commit_durable(tx(0, &format!("r{i}"))).unwrap();
+        }
+        let keep = |t: &crate::RecoveredTx| {
+            let name = String::from_utf8_lossy(&t.records[0]).into_owned();
+            let mut moved = Transaction::new(0); // retargeted by the log
+            moved.record(t.records[0].clone());
+            Ok(if name == "r3" || name == "r5" { vec![moved] } else { Vec::new() })
+        };
+        let bad = log.clean_split_to(0, 1, 2, keep);
+        assert!(matches!(bad, Err(LogError::Invalid(_))), "{bad:?}");
+        let free_before = log.free_segments();
+        let report = log.clean_split_to(0, 1, 1, keep).unwrap();
+        assert_eq!((report.transactions_read, report.transactions_relocated), (8, 2));
+        assert!(report
+            .relocated
+            .iter()
+            .all(|(old, new)| old.stream == 0 && new.ticket.stream == 1));
+        // Stream 0's head is freed; the copies took no new segment (stream 1's has room).
+        assert_eq!(log.free_segments(), free_before + 1);
+        drop(log);
+        let (_log, r) = reopen(&dev);
+        assert_eq!(records(&r, 0), ["r8", "r9", "r10", "r11"]);
+        assert_eq!(records(&r, 1), ["s1", "r3", "r5"]);
     }
 }

@@ -57,11 +57,15 @@ pub enum Mutant {
     /// Recovery keeps the parts of a large transaction whose close did not survive (a
     /// transaction whose last segments' units are missing is taken as committed).
     RunUnclosedKept,
+    /// Cleaning that relocates to another stream makes only the cleaned stream durable before
+    /// its checkpoint frees the cleaned segments: a crash can keep the checkpoint and lose the
+    /// copies on the target stream (what was live in the freed segments is gone).
+    RelocationNotDurable,
 }
 
 impl Mutant {
     /// Every mutant, in a fixed order.
-    pub const ALL: [Mutant; 18] = [
+    pub const ALL: [Mutant; 19] = [
         Mutant::NoPrefixCut,
         Mutant::NoDependencyClosure,
         Mutant::CountOffByOne,
@@ -80,6 +84,7 @@ impl Mutant {
         Mutant::WatermarkIgnored,
         Mutant::WriteOutReordered,
         Mutant::RunUnclosedKept,
+        Mutant::RelocationNotDurable,
     ];
 
     /// Kebab-case name, as the CLI takes it.
@@ -106,6 +111,7 @@ impl Mutant {
             Mutant::WatermarkIgnored => "watermark-ignored",
             Mutant::WriteOutReordered => "write-out-reordered",
             Mutant::RunUnclosedKept => "run-unclosed-kept",
+            Mutant::RelocationNotDurable => "relocation-not-durable",
         }
     }
 
@@ -151,6 +157,13 @@ impl Mutant {
     #[must_use]
     pub fn needs_large_transactions(self) -> bool {
         matches!(self, Mutant::RunUnclosedKept)
+    }
+
+    /// Whether only a workload that cleans one stream onto another shows it: the explorer's
+    /// `G` workloads (`tally-crash`'s `tests/log_explore.rs`).
+    #[must_use]
+    pub fn needs_relocation_elsewhere(self) -> bool {
+        matches!(self, Mutant::RelocationNotDurable)
     }
 
     /// Parse a kebab-case name.

@@ -882,7 +882,8 @@ fn apply(
             }
             return Ok(());
         }
-        Op::Clean => return clean(log, model),
+        Op::Clean => return clean(log, model, 0),
+        Op::CleanElsewhere => return clean(log, model, 1),
         Op::Large => return large(log, model, next_tag, block_size, segment_blocks),
         Op::Crash | Op::ProcessCrash | Op::CrashInRecovery => return Ok(()),
     };
@@ -977,15 +978,17 @@ fn large(
     Ok(())
 }
 
-/// `g`: clean stream 0's oldest segment, relocating every transaction (records and data) in it.
-fn clean(log: &Log, model: &mut Model) -> Result<(), Violation> {
+/// `g` (`target` 0) and `G` (`target` 1): clean stream 0's oldest segment, relocating every
+/// transaction (records and data) in it onto stream `target`.
+fn clean(log: &Log, model: &mut Model, target: u16) -> Result<(), Violation> {
     let dev = log.device().clone();
     let bs = dev.geometry().block_size as usize;
-    let report = log.clean(0, 1, |t| {
+    let op = if target == 0 { Op::Clean } else { Op::CleanElsewhere };
+    let report = log.clean_split_to(0, 1, target, |t| {
         if t.records.is_empty() {
-            return Ok(None); // a member of a large transaction that was never committed
+            return Ok(Vec::new()); // a member of a large transaction that was never committed
         }
-        let mut moved = Transaction::new(0);
+        let mut moved = Transaction::new(target);
         for r in &t.records {
             moved.record(r.clone());
         }
@@ -994,19 +997,21 @@ fn clean(log: &Log, model: &mut Model) -> Result<(), Violation> {
             dev.read(t.data_start + i, &mut block)?;
             moved.data(block);
         }
-        Ok(Some(moved))
+        Ok(vec![moved])
     });
     let report = match report {
         Ok(report) => report,
         // Cleaning a full log may not fit: a clean error, and nothing changed.
         Err(LogError::NoSpace { .. }) => return Ok(()),
-        Err(e) => return Err(workload_error(Op::Clean, &e)),
+        Err(e) => return Err(workload_error(op, &e)),
     };
     let Some(upto) = report.checkpointed_seq else { return Ok(()) };
     for (old, new) in &report.relocated {
         if let Some(tx) = model.streams[0].iter().find(|t| t.id == *old).cloned() {
-            // A relocated copy is an ordinary transaction, whatever run its original was in.
-            model.streams[0].push(ModelTx { id: new.ticket, deps: Vec::new(), run: None, ..tx });
+            // A relocated copy is an ordinary transaction of the target stream, whatever run
+            // its original was in.
+            let copy = ModelTx { id: new.ticket, deps: Vec::new(), run: None, ..tx };
+            model.streams[usize::from(target)].push(copy);
         }
     }
     model.ack_all(); // cleaning syncs before it checkpoints

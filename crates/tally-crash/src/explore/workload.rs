@@ -44,6 +44,9 @@ pub enum Op {
     /// `L`: a large transaction on stream 0 spanning four segments: three parts that each
     /// fill a segment (units and two data blocks), then its close (`Transaction::run_part`).
     Large,
+    /// `G`: clean stream 0's oldest segment, relocating every transaction in it onto stream 1
+    /// (hot/cold separation: what survives cleaning goes to a stream of its own).
+    CleanElsewhere,
 }
 
 impl Op {
@@ -62,8 +65,8 @@ impl Op {
     ];
 
     /// Ops outside the bounded alphabet ([`Op::ALL`]): multi-generation workloads use them.
-    pub const MORE: [Op; 4] =
-        [Op::CrossDependent, Op::ProcessCrash, Op::CrashInRecovery, Op::Large];
+    pub const MORE: [Op; 5] =
+        [Op::CrossDependent, Op::ProcessCrash, Op::CrashInRecovery, Op::Large, Op::CleanElsewhere];
 
     /// Whether the op ends a generation: a crash the workload recovers from.
     #[must_use]
@@ -89,6 +92,7 @@ impl Op {
             Op::ProcessCrash => 'p',
             Op::CrashInRecovery => 'r',
             Op::Large => 'L',
+            Op::CleanElsewhere => 'G',
         }
     }
 
@@ -111,7 +115,7 @@ impl Workload {
     pub fn parse(s: &str) -> Result<Workload, String> {
         s.chars()
             .map(|c| {
-                Op::from_letter(c).ok_or_else(|| format!("unknown op {c:?} (ops: aAmMdlskgceprL)"))
+                Op::from_letter(c).ok_or_else(|| format!("unknown op {c:?} (ops: aAmMdlskgceprLG)"))
             })
             .collect::<Result<Vec<_>, _>>()
             .map(Workload)
