@@ -119,10 +119,28 @@ pub struct Transaction {
     pub(crate) stream: u16,
     pub(crate) deps: Vec<TxId>,
     pub(crate) records: Vec<Vec<u8>>,
-    pub(crate) data: Vec<Vec<u8>>,
+    pub(crate) data: Vec<DataBytes>,
     /// Each data block's crc when the caller knew it (`data_with_crc`), else `None`.
     pub(crate) data_crcs: Vec<Option<u32>>,
     pub(crate) run: Option<RunAsk>,
+}
+
+/// A data block's bytes: the transaction's own, or shared with the caller, who keeps them too
+/// (the file system's blocks held in memory until durable): not copied to be committed.
+#[derive(Debug, Clone)]
+pub(crate) enum DataBytes {
+    Owned(Vec<u8>),
+    Shared(std::sync::Arc<Vec<u8>>),
+}
+
+impl std::ops::Deref for DataBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            DataBytes::Owned(v) => v,
+            DataBytes::Shared(v) => v,
+        }
+    }
 }
 
 /// What a transaction asks to be in a large transaction (see [`Transaction::run_part`]).
@@ -159,7 +177,7 @@ impl Transaction {
     /// Append one data block (at most one block; zero-padded). Returns its index: after commit
     /// it lives at `CommitInfo::data_start + index`.
     pub fn data(&mut self, bytes: impl Into<Vec<u8>>) -> u32 {
-        self.data.push(bytes.into());
+        self.data.push(DataBytes::Owned(bytes.into()));
         self.data_crcs.push(None);
         self.data.len() as u32 - 1
     }
@@ -168,7 +186,15 @@ impl Transaction {
     /// compute it again (it extends it over the padding of a short block). A wrong crc is a bug in the caller:
     /// debug builds assert it; release builds write it and recovery then refuses the block.
     pub fn data_with_crc(&mut self, bytes: impl Into<Vec<u8>>, crc: u32) -> u32 {
-        self.data.push(bytes.into());
+        self.data.push(DataBytes::Owned(bytes.into()));
+        self.data_crcs.push(Some(crc));
+        self.data.len() as u32 - 1
+    }
+
+    /// [`Transaction::data_with_crc`] for bytes the caller keeps too: shared, not copied (they
+    /// must not change until the commit returned; an `Arc` the caller does not mutate).
+    pub fn data_shared(&mut self, bytes: std::sync::Arc<Vec<u8>>, crc: u32) -> u32 {
+        self.data.push(DataBytes::Shared(bytes));
         self.data_crcs.push(Some(crc));
         self.data.len() as u32 - 1
     }

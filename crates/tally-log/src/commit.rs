@@ -4,15 +4,14 @@
 //! (runs) and the space questions the layer above asks before committing.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use tally_media::{IoBuf, Write, WriteFlags};
 
-use crate::api::{CommitInfo, CommitMode, RunAsk, Transaction};
+use crate::api::{CommitInfo, CommitMode, DataBytes, RunAsk, Transaction};
 use crate::engine::{crc_pad, crc_padded, lock, Log, Placed, Stream};
 use crate::format::body::{Body, Run, RunRole, TxId};
 use crate::format::unit::{payload_capacity, UnitHeader, UnitKind, FLAG_CLASSIC};
-use crate::writeback::{Buffered, Due, InFlight};
+use crate::writeback::{Due, InFlight};
 use crate::{LogError, Result};
 
 /// A transaction's body encoded, and the blocks it takes.
@@ -78,13 +77,20 @@ impl Log {
             Body::patch_run(&mut enc.body, run);
         }
         let start = self.segment_start(st.segment).saturating_add(u64::from(st.offset));
-        let buf = self.units_and_data(&enc, &header, &tx.data);
+        let bytes = usize::try_from(enc.unit_count + enc.data_count)
+            .ok()
+            .and_then(|blocks| blocks.checked_mul(self.block_size as usize))
+            .ok_or_else(|| LogError::Invalid("transaction larger than memory".into()))?;
         let info = self.record_placed(&mut st, &header, &enc, start);
         if mode == CommitMode::Orderless {
+            let mut buf = IoBuf::zeroed(bytes);
+            self.units_and_data(&enc, &header, &tx.data, &mut buf);
             return self.submit_orderless(st, info, start, buf).map(|()| info);
         }
-        let seq = header.seq;
-        let due = self.writer.buffer(s, &mut st, Buffered { start, buf, seq, at: Instant::now() });
+        let place = (start, header.seq, bytes);
+        let due = self.writer.buffer(s, &mut st, place, |room| {
+            self.units_and_data(&enc, &header, &tx.data, room);
+        });
         drop(st);
         match due {
             // A durable or classic commit is written out by its flush round.
@@ -218,30 +224,34 @@ impl Log {
         })
     }
 
-    /// The blocks a transaction writes: its units (the body cut into payloads, each with its
-    /// header) and then its data blocks, zero-padded.
+    /// Write the blocks a transaction writes into `out` (exactly their size; every byte is
+    /// written): its units (the body cut into payloads, each with its header) and then its
+    /// data blocks, zero-padded.
     pub(crate) fn units_and_data(
         &self,
         enc: &Encoded,
         header: &UnitHeader,
-        data: &[Vec<u8>],
-    ) -> IoBuf {
+        data: &[DataBytes],
+        out: &mut [u8],
+    ) {
         let bs = self.block_size as usize;
         let cap = payload_capacity(self.block_size);
-        // The data blocks are copied in once with their padding zeroed; the unit blocks are
-        // zeroed there and encoded below.
-        let unit_bytes = enc.unit_count as usize * bs;
-        let parts: Vec<(usize, &[u8])> =
-            data.iter().enumerate().map(|(i, d)| (unit_bytes + i * bs, &d[..])).collect();
-        let mut buf = IoBuf::gather((enc.unit_count + enc.data_count) as usize * bs, &parts);
-        for (i, (chunk, block)) in enc.body.chunks(cap).zip(buf.chunks_exact_mut(bs)).enumerate() {
+        debug_assert_eq!(out.len() as u64, (enc.unit_count + enc.data_count) * bs as u64);
+        let (units, blocks) = out.split_at_mut(enc.unit_count as usize * bs);
+        for (i, (chunk, block)) in enc.body.chunks(cap).zip(units.chunks_exact_mut(bs)).enumerate()
+        {
             let h = UnitHeader { unit_index: i as u32, payload_len: chunk.len() as u32, ..*header };
             h.encode_into(&self.uuid, chunk, block);
         }
         if enc.body.is_empty() {
-            header.encode_into(&self.uuid, &[], &mut buf[..bs]);
+            header.encode_into(&self.uuid, &[], &mut units[..bs]);
         }
-        buf
+        for (d, block) in data.iter().zip(blocks.chunks_exact_mut(bs)) {
+            // (`check_commit` refused blocks larger than a block.)
+            let (bytes, padding) = block.split_at_mut(d.len().min(bs));
+            bytes.copy_from_slice(&d[..bytes.len()]);
+            padding.fill(0);
+        }
     }
 
     /// Advance the stream past the transaction placed at `start` and remember its place.

@@ -15,15 +15,24 @@
 //! can show. What the buffer changes is what a crash loses: commits still in it were never
 //! promised durable, and dropping the log (or a process crash) discards them.
 //!
+//! A placed transaction is encoded straight into its stream's buffer: the end of the last
+//! batch buffer ([`Buffered`]) when it continues it on the device and fits, else a new one,
+//! each new one of a stream twice the size of what the stream holds (from
+//! [`CHUNK_BYTES_MIN`] up to [`WriteBehind::write_bytes_max`]). So a small transaction costs
+//! no allocation of its own and its bytes are copied once, not again into a merged write.
+//!
 //! Invariants:
 //! - a stream's buffer holds its transactions in sequence order and is written out oldest
 //!   first, by one thread at a time (`Stream::submitting`): a batch is submitted only after
 //!   every earlier buffered transaction of its stream, so `written[s]` is a prefix watermark
 //!   (every buffered transaction of stream `s` with seq <= it has been submitted) that a flush
 //!   round may trust;
-//! - a batch is one device submission of consecutive buffered transactions, at most
-//!   [`WriteBehind::write_bytes_max`] bytes unless a single transaction is larger; contiguous
-//!   transactions become one write;
+//! - a batch buffer holds consecutive transactions whose blocks are contiguous on the device,
+//!   and is written out whole (a write-out up to a transaction takes the later ones sharing
+//!   its buffer too: more than asked, never less, and still in order);
+//! - a batch is one device submission of consecutive batch buffers, at most
+//!   [`WriteBehind::write_bytes_max`] bytes unless a single buffer is larger; each buffer is
+//!   one write (never copied again);
 //! - a block placed but not completed is never read from the device: [`crate::Log::read`]
 //!   copies it from the buffer, or waits for the write that carries it;
 //! - `buffered[s]` and `buffered_total` count the bytes in the buffers; they change only under
@@ -78,16 +87,34 @@ impl Default for WriteBehind {
     }
 }
 
-/// A placed transaction's blocks, waiting in its stream's buffer.
+/// Smallest batch buffer a stream starts (bytes; at least a block, at most
+/// [`WriteBehind::write_bytes_max`]): small enough that a buffer written out after one or two
+/// transactions (an fsync) costs little to make, large enough for a few small transactions.
+pub(crate) const CHUNK_BYTES_MIN: u64 = 32 << 10;
+
+/// Placed transactions' blocks, back to back as they will be written, waiting in their
+/// stream's buffer.
 #[derive(Debug)]
 pub(crate) struct Buffered {
-    /// First block of its span.
+    /// First block of its first transaction.
     pub start: u64,
-    /// Units and data blocks, as they will be written.
+    /// Its transactions' units and data blocks: the first `used` bytes; the rest (stale bytes
+    /// of a reused buffer, or zeros) is room for the stream's next transactions and is never
+    /// written.
     pub buf: IoBuf,
+    pub used: usize,
+    /// Sequence numbers of its first and last transactions.
     pub seq: u64,
-    /// When it was placed (for the commit interval).
+    pub last: u64,
+    /// When its first transaction was placed (for the commit interval).
     pub at: Instant,
+}
+
+impl Buffered {
+    /// Blocks its transactions take.
+    fn blocks(&self, bs: u64) -> u64 {
+        self.used as u64 / bs
+    }
 }
 
 /// A submitted batch not yet known complete.
@@ -186,11 +213,43 @@ impl Writer {
         self.buffered_total.load(Ordering::Relaxed)
     }
 
-    /// Add a placed transaction to stream `s`'s buffer (`st` is its locked state).
-    pub(crate) fn buffer(&self, s: usize, st: &mut Stream, b: Buffered) -> Due {
-        debug_assert!(st.pending.last().is_none_or(|p| p.seq < b.seq), "buffer out of order");
-        let bytes = b.buf.len() as u64;
-        st.pending.push(b);
+    /// Add a transaction placed at block `start` with sequence number `seq`, `bytes` long
+    /// (whole blocks), to stream `s`'s buffer (`st` is its locked state): `fill` writes every
+    /// byte of its room there.
+    pub(crate) fn buffer(
+        &self,
+        s: usize,
+        st: &mut Stream,
+        (start, seq, bytes): (u64, u64, usize),
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Due {
+        debug_assert!(st.pending.last().is_none_or(|p| p.last < seq), "buffer out of order");
+        let bs = u64::from(self.block_size);
+        debug_assert!((bytes as u64).is_multiple_of(bs));
+        let continues = st
+            .pending
+            .last()
+            .is_some_and(|p| p.start + p.blocks(bs) == start && p.buf.len() - p.used >= bytes);
+        if !continues {
+            let cap = self.chunk_bytes(st, bytes);
+            let b = Buffered {
+                start,
+                // Never zeroed again: `fill` writes every byte of each room, and only rooms
+                // are written out (`into_writes`).
+                buf: IoBuf::for_overwrite(cap),
+                used: 0,
+                seq,
+                last: seq,
+                at: Instant::now(),
+            };
+            st.pending.push(b);
+        }
+        if let Some(p) = st.pending.last_mut() {
+            fill(&mut p.buf[p.used..p.used + bytes]);
+            p.used += bytes;
+            p.last = seq;
+        }
+        let bytes = bytes as u64;
         let stream = self.buffered[s].fetch_add(bytes, Ordering::Relaxed) + bytes;
         let total = self.buffered_total.fetch_add(bytes, Ordering::Relaxed) + bytes;
         match self.config {
@@ -201,15 +260,31 @@ impl Writer {
         }
     }
 
-    /// The next batch of `pending` to submit: consecutive transactions with seq <= `upto`,
-    /// oldest first, at most `write_bytes_max` bytes unless one transaction is larger.
+    /// Size of a new batch buffer for stream `st` whose next transaction takes `bytes`: what
+    /// the stream holds already (so buffers double as it fills), within [`CHUNK_BYTES_MIN`]
+    /// and the most a write-out writes at once; exactly `bytes` without write-behind (each
+    /// commit goes out alone) or for a transaction larger than that.
+    fn chunk_bytes(&self, st: &Stream, bytes: usize) -> usize {
+        let bs = u64::from(self.block_size);
+        let Some(c) = self.config else { return bytes };
+        let max = c.write_bytes_max.min(c.stream_bytes_max) / bs * bs;
+        let min = CHUNK_BYTES_MIN.min(max).div_ceil(bs) * bs;
+        let held: u64 = st.pending.iter().map(|p| p.used as u64).sum();
+        // Powers of two: sizes that come round again, which `IoBuf` keeps for reuse.
+        let cap = held.next_power_of_two().clamp(min, max.max(min));
+        usize::try_from(cap).unwrap_or(usize::MAX).max(bytes)
+    }
+
+    /// The next batch of `pending` to submit: consecutive batch buffers whose first
+    /// transaction has seq <= `upto`, oldest first, at most `write_bytes_max` bytes unless one
+    /// buffer is larger.
     fn next_batch(&self, pending: &[Buffered], upto: u64) -> Option<Range<usize>> {
         let max = self.config.map_or(u64::MAX, |c| c.write_bytes_max);
         let n = pending.iter().take_while(|b| b.seq <= upto).count();
         if n == 0 {
             return None;
         }
-        let len = |i: usize| pending[i].buf.len() as u64;
+        let len = |i: usize| pending[i].used as u64;
         if self.reorder {
             // The mutant: the newest batch first, as if the one a waiter needs could jump
             // the queue; `written` then claims the older batches too.
@@ -244,13 +319,13 @@ impl Writer {
             self.check_failed()?;
             st.submitting = true;
             let batch: Vec<Buffered> = st.pending.drain(range).collect();
-            let bytes: u64 = batch.iter().map(|b| b.buf.len() as u64).sum();
+            let bytes: u64 = batch.iter().map(|b| b.used as u64).sum();
             self.buffered[s].fetch_sub(bytes, Ordering::Relaxed);
             self.buffered_total.fetch_sub(bytes, Ordering::Relaxed);
             drop(st);
             let first = batch.first().map_or(0, |b| b.seq);
-            let last = batch.last().map_or(0, |b| b.seq);
-            let writes = merge(batch, self.block_size);
+            let last = batch.last().map_or(0, |b| b.last);
+            let writes = into_writes(batch);
             let ranges = writes.iter().map(|w| (w.block, w.data.len() as u64 / bs)).collect();
             self.write_outs.fetch_add(1, Ordering::Relaxed);
             let stream = u16::try_from(s).unwrap_or(u16::MAX);
@@ -320,8 +395,7 @@ impl Writer {
         for (s, m) in self.streams.iter().enumerate() {
             let mut st = lock(m);
             loop {
-                let holds =
-                    |p: &&Buffered| (p.start..p.start + p.buf.len() as u64 / bs).contains(&b);
+                let holds = |p: &&Buffered| (p.start..p.start + p.blocks(bs)).contains(&b);
                 if let Some(p) = st.pending.iter().find(holds) {
                     let at = ((b - p.start) * bs) as usize;
                     out.copy_from_slice(&p.buf[at..at + bs as usize]);
@@ -352,39 +426,15 @@ impl Writer {
     }
 }
 
-/// Merge consecutive spans into single writes.
-pub(crate) fn merge(batch: Vec<Buffered>, block_size: u32) -> Vec<Write> {
-    let bs = u64::from(block_size);
-    let mut writes: Vec<Write> = Vec::with_capacity(1);
-    let mut run: Vec<(u64, IoBuf)> = Vec::new();
-    let flush_run = |run: &mut Vec<(u64, IoBuf)>, writes: &mut Vec<Write>| {
-        if run.len() == 1 {
-            if let Some((block, buf)) = run.pop() {
-                writes.push(Write::new(block, buf));
-            }
-        } else if let Some(&(block, _)) = run.first() {
-            // One copy into the joined buffer, no zeroing first: the parts cover all of it.
-            let mut parts = Vec::with_capacity(run.len());
-            let mut len = 0;
-            for (_, b) in run.iter() {
-                parts.push((len, &b[..]));
-                len += b.len();
-            }
-            let joined = IoBuf::gather(len, &parts);
-            drop(parts);
-            run.clear();
-            writes.push(Write::new(block, joined));
-        }
-    };
-    for Buffered { start, buf, .. } in batch {
-        let contiguous = run.last().is_some_and(|(b, prev)| b + prev.len() as u64 / bs == start);
-        if !contiguous {
-            flush_run(&mut run, &mut writes);
-        }
-        run.push((start, buf));
-    }
-    flush_run(&mut run, &mut writes);
-    writes
+/// A batch's writes: each batch buffer's used part, as it is (no copy).
+pub(crate) fn into_writes(batch: Vec<Buffered>) -> Vec<Write> {
+    batch
+        .into_iter()
+        .map(|Buffered { start, mut buf, used, .. }| {
+            buf.truncate(used);
+            Write::new(start, buf)
+        })
+        .collect()
 }
 
 /// The thread that writes out buffers older than the commit interval; stopped and joined when
@@ -446,6 +496,84 @@ impl Drop for Flusher {
         cv.notify_all();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tally_media::{Device, IoBuf, MemDevice};
+
+    use super::WriteBehind;
+    use crate::{Log, LogConfig, OpenOptions, Transaction};
+
+    const BS: usize = 4096;
+
+    fn open(write_bytes_max: u64) -> (Arc<MemDevice>, Log) {
+        let dev = Arc::new(MemDevice::new(BS as u32, 2048).unwrap());
+        Log::format(&*dev, &LogConfig { streams: 1, segment_blocks: 256, uuid: [5; 16] }).unwrap();
+        let behind = WriteBehind {
+            interval: None,
+            stream_bytes_max: 1 << 30,
+            memory_bytes_max: 1 << 30,
+            write_bytes_max,
+        };
+        let opts = OpenOptions { write_behind: Some(behind), ..OpenOptions::default() };
+        let (log, _) = Log::open(dev.clone(), opts).unwrap();
+        (dev, log)
+    }
+
+    fn tx(tag: u32) -> Transaction {
+        let mut t = Transaction::new(0);
+        t.record(tag.to_le_bytes().to_vec());
+        t
+    }
+
+    /// Small transactions are encoded into shared batch buffers that grow with what the
+    /// stream holds; each buffer is one write of exactly its transactions' blocks, and
+    /// recovery finds every transaction.
+    #[test]
+    fn small_transactions_share_growing_batch_buffers_written_once_each() {
+        let (dev, log) = open(1 << 20);
+        for i in 0..40 {
+            log.commit(tx(i)).unwrap();
+        }
+        let sizes: Vec<usize> = {
+            let st = crate::engine::lock(&log.streams[0]);
+            st.pending.iter().map(|p| p.used / BS).collect()
+        };
+        // 32 KiB, then 32, 64 and 128 KiB buffers as the stream's holding doubles.
+        assert_eq!(sizes, [8, 8, 16, 8], "blocks per batch buffer");
+        let before = dev.stats();
+        log.write_out().unwrap();
+        let spent = dev.stats() - before;
+        assert_eq!((spent.submissions, spent.writes), (1, 4), "{spent:?}");
+        assert_eq!(spent.bytes_written, 40 * BS as u64, "{spent:?}");
+        drop(log);
+        let (_, r) = Log::open(dev, OpenOptions::default()).unwrap();
+        assert_eq!(r.streams[0].txs.len(), 40);
+    }
+
+    /// Only the filled part of a reused batch buffer reaches the device: the rest holds
+    /// bytes of the buffer's earlier life (`IoBuf::for_overwrite`), never written.
+    #[test]
+    fn the_unfilled_room_of_a_reused_buffer_is_never_written() {
+        // One buffer size nothing else here uses (7 blocks), left in the pool full of junk.
+        let (dev, log) = open(7 * BS as u64);
+        let mut junk = IoBuf::zeroed(7 * BS);
+        junk.fill(0xEE);
+        drop(junk);
+        let first = log.commit(tx(1)).unwrap();
+        log.commit(tx(2)).unwrap();
+        log.write_out().unwrap();
+        log.sync().unwrap();
+        let mut block = vec![0u8; BS];
+        for b in 0..7 {
+            dev.read(first.data_start - 1 + b, &mut block).unwrap();
+            let junk = block.iter().filter(|&&x| x == 0xEE).count();
+            assert!(junk < 64, "block {b} after the first transaction holds {junk} junk bytes");
         }
     }
 }

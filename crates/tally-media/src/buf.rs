@@ -17,6 +17,8 @@ pub const IO_ALIGN: usize = 4096;
 pub struct IoBuf {
     ptr: NonNull<u8>,
     len: usize,
+    /// Bytes allocated (at least `len`; more after [`IoBuf::truncate`]), freed whole.
+    cap: usize,
 }
 
 // SAFETY: IoBuf owns its allocation exclusively, like Vec<u8>.
@@ -32,18 +34,33 @@ impl IoBuf {
     #[must_use]
     pub fn zeroed(len: usize) -> Self {
         if len == 0 {
-            return IoBuf { ptr: NonNull::dangling(), len: 0 };
+            return IoBuf { ptr: NonNull::dangling(), len: 0, cap: 0 };
         }
         if let Some(ptr) = pool::take(len) {
             // SAFETY: a pooled allocation of exactly `len` bytes, owned by nobody else.
             unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
-            return IoBuf { ptr, len };
+            return IoBuf { ptr, len, cap: len };
         }
         let layout = Self::layout(len);
         // SAFETY: layout has non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(raw) else { alloc::handle_alloc_error(layout) };
-        IoBuf { ptr, len }
+        IoBuf { ptr, len, cap: len }
+    }
+
+    /// A buffer of `len` bytes for a caller that writes every byte it lets reach a device
+    /// (with [`IoBuf::truncate`] cutting off the rest): a kept one as it is, holding zeros or
+    /// bytes of an earlier buffer (never uninitialised memory), else a zeroed new one. Saves
+    /// zeroing a large buffer that is about to be overwritten (the log's write-behind batch
+    /// buffers: zeroing them cost as much as the copy they replaced).
+    #[must_use]
+    pub fn for_overwrite(len: usize) -> Self {
+        match pool::take(len) {
+            // A pooled allocation of exactly `len` bytes, owned by nobody else; every byte
+            // of it was initialised by the buffer it came from.
+            Some(ptr) => IoBuf { ptr, len, cap: len },
+            None => Self::zeroed(len),
+        }
     }
 
     /// A buffer holding a copy of `bytes`.
@@ -71,7 +88,7 @@ impl IoBuf {
         }
         assert!(at <= len, "IoBuf::gather: part ends at {at}, past the buffer's {len} bytes");
         if len == 0 {
-            return IoBuf { ptr: NonNull::dangling(), len: 0 };
+            return IoBuf { ptr: NonNull::dangling(), len: 0, cap: 0 };
         }
         let ptr = pool::take(len).unwrap_or_else(|| {
             let layout = Self::layout(len);
@@ -92,7 +109,14 @@ impl IoBuf {
         }
         // SAFETY: cursor <= len; after this every byte of [0, len) has been written once.
         unsafe { std::ptr::write_bytes(ptr.as_ptr().add(cursor), 0, len - cursor) };
-        IoBuf { ptr, len }
+        IoBuf { ptr, len, cap: len }
+    }
+
+    /// Shorten the buffer to its first `len` bytes (no effect if it is not longer). The
+    /// allocation is kept whole until the buffer is dropped: for a buffer filled part by part
+    /// whose final length is known only at the end (the log's write-behind batches).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
     }
 
     fn layout(len: usize) -> Layout {
@@ -111,17 +135,19 @@ impl IoBuf {
 
 impl Drop for IoBuf {
     fn drop(&mut self) {
-        if self.len != 0 && !pool::give(self.ptr, self.len) {
+        if self.cap != 0 && !pool::give(self.ptr, self.cap) {
             // SAFETY: allocated in `zeroed` or `gather` (or kept by the pool, which only
-            // holds such allocations) with this exact layout.
-            unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
+            // holds such allocations) with the layout of `cap` bytes.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.cap)) }
         }
     }
 }
 
-/// Freed buffers of the small sizes kept for reuse. Every small transaction allocates a unit
+/// Freed buffers of up to 1 MiB kept for reuse. Every small transaction allocates a unit
 /// block or two, and an aligned allocation is glibc's slow path (`posix_memalign`): 14 % of
-/// the daemon's CPU for a SETATTR through the mount (issue 14's profile). Buffers are often
+/// the daemon's CPU for a SETATTR through the mount (issue 14's profile); the log's
+/// write-behind batch buffers (32 KiB to 1 MiB) are above glibc's mmap threshold, so each new
+/// one was a fresh mapping, its pages faulted in one by one. Buffers are often
 /// freed on another thread than the one that made them (the write-out, the flusher), so the
 /// pool is one mutex-guarded list per size, not per thread. Bounded: sizes up to
 /// [`pool::SIZE_MAX`], at most [`pool::BYTES_MAX`] held in all; the rest is freed as before.
@@ -130,10 +156,11 @@ mod pool {
 
     use super::{Mutex, IO_ALIGN};
 
-    /// Largest buffer kept (bytes): a unit block and small transactions' blocks.
-    pub(super) const SIZE_MAX: usize = 16 * IO_ALIGN;
+    /// Largest buffer kept (bytes): a unit block, small transactions' blocks, and the log's
+    /// write-behind batch buffers.
+    pub(super) const SIZE_MAX: usize = 256 * IO_ALIGN;
     /// Most bytes held by the pool at once.
-    pub(super) const BYTES_MAX: usize = 4 << 20;
+    pub(super) const BYTES_MAX: usize = 8 << 20;
     const CLASSES: usize = SIZE_MAX / IO_ALIGN;
 
     struct Pool {
@@ -279,6 +306,42 @@ mod tests {
             again += 1;
         }
         assert!(again <= pool::BYTES_MAX / pool::SIZE_MAX, "{again} kept");
+    }
+
+    /// A truncated buffer shows only its first bytes, and its whole allocation is freed (or
+    /// pooled) with the layout it was made with.
+    #[test]
+    fn truncate_shortens_and_frees_the_whole_allocation() {
+        for len in [3 * IO_ALIGN, pool::SIZE_MAX + IO_ALIGN] {
+            let mut b = IoBuf::gather(len, &[(0, b"head"), (2 * IO_ALIGN, b"tail")]);
+            b.truncate(2 * IO_ALIGN);
+            assert_eq!(b.len(), 2 * IO_ALIGN);
+            assert_eq!(&b[..4], b"head");
+            b.truncate(len);
+            assert_eq!(b.len(), 2 * IO_ALIGN, "truncate never lengthens");
+            assert_eq!(b.clone().len(), 2 * IO_ALIGN);
+            drop(b);
+            assert!(IoBuf::zeroed(len).iter().all(|&x| x == 0));
+        }
+    }
+
+    /// A buffer for overwriting is a kept one when there is one (its old bytes and all), else
+    /// zeroed.
+    #[test]
+    fn for_overwrite_reuses_a_kept_buffer_and_zeroes_a_new_one() {
+        let len = 7 * IO_ALIGN;
+        let mut b = IoBuf::zeroed(len);
+        b.fill(0x5A);
+        let kept = b.as_ptr();
+        drop(b);
+        let again = IoBuf::for_overwrite(len);
+        assert_eq!(again.len(), len);
+        // (Another test's buffer of this size may have been taken meanwhile: then it is new.)
+        if again.as_ptr() == kept {
+            assert!(again.iter().all(|&x| x == 0x5A), "a kept buffer is not zeroed again");
+        }
+        let fresh = IoBuf::for_overwrite(pool::SIZE_MAX + IO_ALIGN);
+        assert!(fresh.iter().all(|&x| x == 0), "a new buffer is zeroed");
     }
 
     #[test]
