@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use tally_fs::{FileKind, Fs, FsError, Ino, MkfsOptions, MountOptions, Owner, RenameFlags, ROOT};
+use tally_fs::{
+    FileKind, Fs, FsError, Ino, MkfsOptions, MountOptions, Owner, RenameFlags, SetAttr, ROOT,
+};
 use tally_media::MemDevice;
 
 pub(crate) const ME: Owner = Owner { uid: 0, gid: 0 };
@@ -15,6 +17,8 @@ pub(crate) const NAMES: [&[u8]; 3] = [b"a", b"b", b"c"];
 /// Offsets of writes to `f0`/`f1` (the second block's start, an unaligned middle, across the
 /// first block's end).
 pub(crate) const OFFSETS: [u64; 3] = [0, 1000, 4000];
+/// Sizes a truncate sets (into the first block, into the second, past every write's end).
+pub(crate) const TRUNCATE_SIZES: [u64; 3] = [700, 4100, 6000];
 
 /// The fixed objects, by index: `d0`, `d1` (directories), `f0`, `f1` (files).
 #[derive(Clone, Copy, Debug)]
@@ -72,6 +76,15 @@ pub(crate) enum Op {
     },
     GetattrDir {
         dir: usize,
+    },
+    /// `setattr` of the size (down into a block, or up past the written bytes).
+    Truncate {
+        file: usize,
+        size: u64,
+    },
+    /// `fsync` (nothing the model sees; its durable wait is where another thread runs).
+    Fsync {
+        file: usize,
     },
     /// `begin; write file; create dir/name; commit` (abort when a step fails). A thread runs
     /// it as the calls below, each its own event: readers see a transaction's changes as they
@@ -339,6 +352,13 @@ impl Model {
                 Some(Node::File { data, nlink }) => Ret::Attr(data.len() as u64, *nlink),
                 _ => Ret::Err("ENOENT"),
             },
+            Op::Truncate { file, size } => {
+                if let Some(Node::File { data, .. }) = self.nodes.get_mut(&fx.files[file]) {
+                    data.resize(size as usize, 0);
+                }
+                Ret::Ok
+            }
+            Op::Fsync { .. } => Ret::Ok,
             Op::GetattrDir { dir } => {
                 let e = self.entries(fx.dirs[dir]);
                 let subdirs = e.values().filter(|&&i| self.is_dir(i)).count() as u32;
@@ -456,7 +476,7 @@ pub(crate) fn fresh() -> (Arc<Fs>, Fixed) {
 
 pub(crate) fn random_op(rng: &mut fastrand::Rng, tag: u8) -> Op {
     let (d, n, f) = (rng.usize(..2), rng.usize(..NAMES.len()), rng.usize(..2));
-    match rng.u32(..100) {
+    match rng.u32(..110) {
         0..=11 => Op::Create { dir: d, name: n },
         12..=19 => Op::Mkdir { dir: d, name: n },
         20..=29 => Op::Unlink { dir: d, name: n },
@@ -472,7 +492,11 @@ pub(crate) fn random_op(rng: &mut fastrand::Rng, tag: u8) -> Op {
         76..=85 => Op::Readdir { dir: d },
         86..=89 => Op::GetattrFile { file: f },
         90..=93 => Op::GetattrDir { dir: d },
-        _ => Op::Txn { file: f, tag, dir: d, name: n },
+        94..=99 => Op::Txn { file: f, tag, dir: d, name: n },
+        100..=104 => {
+            Op::Truncate { file: f, size: TRUNCATE_SIZES[rng.usize(..TRUNCATE_SIZES.len())] }
+        }
+        _ => Op::Fsync { file: f },
     }
 }
 
@@ -520,6 +544,10 @@ pub(crate) fn run_op(fs: &Fs, fx: Fixed, op: &Op) -> Ret {
             r(fs.getattr(fx.files[file]).map(|a| Ret::Attr(a.size, a.nlink)))
         }
         Op::GetattrDir { dir } => r(fs.getattr(fx.dirs[dir]).map(|a| Ret::Attr(0, a.nlink))),
+        Op::Truncate { file, size } => r(fs
+            .setattr(None, fx.files[file], &SetAttr { size: Some(size), ..SetAttr::default() })
+            .map(|_| Ret::Ok)),
+        Op::Fsync { file } => r(fs.fsync(fx.files[file]).map(|()| Ret::Ok)),
         Op::Txn { .. }
         | Op::TxnWrite { .. }
         | Op::TxnCreate { .. }
