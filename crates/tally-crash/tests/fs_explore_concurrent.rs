@@ -83,6 +83,19 @@ fn two_threads_interleaved_by_the_seed() {
     assert!(r.states_checked > 1000, "too few images checked");
 }
 
+/// One stream: whatever the interleaving, every crash recovers a prefix of the committed
+/// operations (an open transaction's never among them).
+#[test]
+fn two_threads_on_one_stream_recover_a_prefix() {
+    let seed = seed();
+    let workloads = concurrent(COUNT / 3, seed ^ 1);
+    let cfg = FsExploreConfig { streams: 1, seed, ..FsExploreConfig::default() };
+    let r = explore(cfg, &workloads, "concurrent, 1 stream");
+    assert_eq!(r.violations, 0, "{:#?}", r.first_violation);
+    assert_eq!(r.workloads, (COUNT / 3) as u64);
+    assert!(r.states_checked > 300, "too few images checked");
+}
+
 /// Each mutant of `tally-fs` run on the concurrent workloads (stopping at its first
 /// violation); those caught are named. Every mutant but cleaning's must be caught (seed 16:
 /// rename-split and no-dependencies by I2 in interleavings with a transaction open,
