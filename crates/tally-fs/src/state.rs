@@ -221,9 +221,71 @@ pub(crate) struct SnapshotNeed {
     pub grown: u64,
 }
 
+/// The hash of the maps keyed by inode number that every operation looks up several times
+/// (the inode table, open handles): a folded multiply with a per-process random seed, not SipHash
+/// (about a tenth of a small operation's CPU was hashing). Inode numbers are handed out by
+/// the file system, one after another, not chosen by callers; the seed keeps a crafted image's
+/// numbers from being made to collide.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InoHash {
+    seed: u64,
+}
+
+impl Default for InoHash {
+    fn default() -> Self {
+        static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        let seed = *SEED.get_or_init(|| {
+            use std::hash::BuildHasher;
+            std::collections::hash_map::RandomState::new().hash_one(0x7a11_u64)
+        });
+        InoHash { seed }
+    }
+}
+
+impl std::hash::BuildHasher for InoHash {
+    type Hasher = InoHasher;
+    fn build_hasher(&self) -> InoHasher {
+        InoHasher(self.seed)
+    }
+}
+
+/// See [`InoHash`].
+#[derive(Debug)]
+pub(crate) struct InoHasher(u64);
+
+impl InoHasher {
+    fn mix(&mut self, n: u64) {
+        // A folded multiply: every bit of the input reaches every bit of the result (a plain
+        // multiply leaves the low bits to the input's low bits alone).
+        let wide = u128::from(self.0 ^ n) * 0x9e37_79b9_7f4a_7c15_u128;
+        self.0 = (wide as u64) ^ ((wide >> 64) as u64);
+    }
+}
+
+impl std::hash::Hasher for InoHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.mix(u64::from(*b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.mix(n);
+    }
+
+    fn finish(&self) -> u64 {
+        // Once more, so that inputs differing in a few bits only (high bits) differ in all.
+        let wide = u128::from(self.0) * 0xff51_afd7_ed55_8ccd_u128;
+        (wide as u64) ^ ((wide >> 64) as u64)
+    }
+}
+
+/// A map keyed by inode number, hashed with [`InoHash`].
+pub(crate) type InoMap<V> = HashMap<Ino, V, InoHash>;
+
 #[derive(Debug, Default)]
 pub(crate) struct State {
-    pub inodes: HashMap<Ino, Inode>,
+    pub inodes: InoMap<Inode>,
     pub next_ino: Ino,
     /// The version clock: the next record version.
     pub next_ver: u64,
@@ -251,7 +313,7 @@ pub(crate) struct State {
     /// (cleaning does not measure it again until it changes or enough data has died).
     pub liveness_checked: HashMap<u16, (u32, u64)>,
     /// Open handles per inode ([`crate::Fs::open`]); DRAM only.
-    pub pins: HashMap<Ino, u32>,
+    pub pins: InoMap<u32>,
     /// Committed data blocks made dead since mount (a hint of when to measure liveness again).
     pub dead_blocks: u64,
     /// Blocks `fallocate` reserved and no write has used yet; DRAM only (`reserve.rs`).
@@ -289,7 +351,14 @@ impl State {
 
     /// Count a record now in the log.
     pub fn count(&mut self, key: &Key) {
-        *self.key_count.entry(key.clone()).or_default() += 1;
+        // A key already in the log (most are: an inode's attributes, a rewritten block) is
+        // counted without cloning it (a name would be a fresh allocation).
+        match self.key_count.get_mut(key) {
+            Some(c) => *c += 1,
+            None => {
+                self.key_count.insert(key.clone(), 1);
+            }
+        }
         *self.ino_count.entry(key.owner()).or_default() += 1;
     }
 
@@ -553,5 +622,34 @@ pub(crate) fn fresh_attr(
         mtime: now,
         ctime: now,
         crtime: now,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::hash::BuildHasher;
+
+    use super::*;
+
+    /// Consecutive inode numbers (how the file system hands them out) and numbers that
+    /// differ only in their high bits (a crafted image's) spread over a table's buckets as
+    /// well as random keys would: the bucket is the hash's low bits.
+    #[test]
+    fn inode_numbers_spread_over_the_buckets() {
+        let h = InoHash::default();
+        let buckets = 1u64 << 12;
+        for (what, inos) in [
+            ("consecutive", (1..=buckets).collect::<Vec<u64>>()),
+            ("high bits only", (1..=buckets).map(|i| i << 40).collect()),
+            ("strided", (1..=buckets).map(|i| i * 4096).collect()),
+        ] {
+            let used: std::collections::HashSet<u64> =
+                inos.iter().map(|&i| h.hash_one(i) & (buckets - 1)).collect();
+            // Random keys fill 1 - 1/e (63 %) of as many buckets as keys.
+            assert!(used.len() as u64 > buckets / 2, "{what}: {} of {buckets} buckets", used.len());
+        }
+        let mut m: InoMap<u32> = InoMap::default();
+        m.insert(7, 1);
+        assert_eq!(m.get(&7), Some(&1));
     }
 }

@@ -95,7 +95,8 @@ impl Log {
     }
 
     /// Wait until every transaction of stream `s` up to `target` has been submitted, writing
-    /// out the stream's buffer up to it (and no further: later commits stay buffered).
+    /// out the stream's buffer up to it (and no further but the later commits that share the
+    /// last batch buffer it writes: the rest stay buffered).
     pub(crate) fn wait_submitted(&self, s: usize, target: u64) -> Result<()> {
         loop {
             self.writer.drive(s, target)?;

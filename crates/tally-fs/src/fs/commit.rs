@@ -186,8 +186,9 @@ impl Fs {
                     Some(block) => {
                         let Some(data) = &block.data else { continue };
                         // The block's crc goes down with it: the log does not compute it
-                        // again.
-                        let idx = tx.data_with_crc(data.as_slice(), block.crc);
+                        // again; its bytes are shared with the log, not copied (they never
+                        // change: a later write makes a new block).
+                        let idx = tx.data_shared(data.clone(), block.crc);
                         written.push((key.clone(), false, Some(idx)));
                         tx.record(
                             Record::Extent { ver, ino: *ino, block: *b, data: idx, crc: block.crc }
