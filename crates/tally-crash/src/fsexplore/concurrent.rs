@@ -104,8 +104,9 @@ fn scripts0(end: TxnEnd) -> Vec<Vec<TStep>> {
 }
 
 /// Thread 1's scripts: creates in the shared directories with a rename `/B → /A`, each made
-/// durable by a directory's `fsync` or `sync`; or a transaction on `/bar` creating in `/B`.
-fn scripts1(end: TxnEnd) -> Vec<Vec<TStep>> {
+/// durable by a directory's `fsync` or `sync`; a transaction on `/bar` creating in `/B`; or
+/// `/bar` unlinked and the streams cleaned.
+fn scripts1(end: TxnEnd, streams: u16) -> Vec<Vec<TStep>> {
     use TStep::{Begin, End, InTxn, Op, Persist as P};
     vec![
         vec![
@@ -131,13 +132,26 @@ fn scripts1(end: TxnEnd) -> Vec<Vec<TStep>> {
             Op(FsOp::Create(p("/A/c1"))),
             P(Persist::Fsync(p("/A/c1"))),
         ],
+        // The longer workloads' tombstone case (`workload::longer`) beside the other thread:
+        // `/bar` unlinked, big writes moving a stream on, then each stream cleaned (`EBUSY`,
+        // nothing done, while the other thread's transaction is open).
+        [
+            Op(FsOp::Unlink(p("/bar"))),
+            Op(FsOp::Create(p("/B/c1"))),
+            Op(FsOp::Write(p("/B/c1"), WriteKind::Big)),
+            Op(FsOp::Write(p("/B/c1"), WriteKind::Big)),
+        ]
+        .into_iter()
+        .chain((0..streams).map(|s| Op(FsOp::Clean(s))))
+        .collect(),
     ]
 }
 
-/// `count` concurrent workloads drawn by `seed`: a script for each thread (the ends of their
-/// transactions drawn too), and an interleaving of their steps.
+/// `count` concurrent workloads drawn by `seed` for a file system of `streams` streams: a
+/// script for each thread (the ends of their transactions drawn too), and an interleaving of
+/// their steps.
 #[must_use]
-pub fn concurrent(count: usize, seed: u64) -> Vec<ConcurrentWorkload> {
+pub fn concurrent(count: usize, streams: u16, seed: u64) -> Vec<ConcurrentWorkload> {
     let mut rng = fastrand::Rng::with_seed(seed ^ 0xC0C0_2016);
     let ends = [TxnEnd::Commit, TxnEnd::CommitDurable, TxnEnd::Abort];
     let mut out: Vec<ConcurrentWorkload> = Vec::new();
@@ -145,7 +159,7 @@ pub fn concurrent(count: usize, seed: u64) -> Vec<ConcurrentWorkload> {
     while out.len() < count && tries < count * 20 {
         tries += 1;
         let s0 = scripts0(ends[rng.usize(..ends.len())]);
-        let s1 = scripts1(ends[rng.usize(..ends.len())]);
+        let s1 = scripts1(ends[rng.usize(..ends.len())], streams);
         let threads = [s0[rng.usize(..s0.len())].clone(), s1[rng.usize(..s1.len())].clone()];
         let (mut left0, mut left1) = (threads[0].len(), threads[1].len());
         let mut schedule = Vec::new();

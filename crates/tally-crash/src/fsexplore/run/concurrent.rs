@@ -16,7 +16,7 @@ use super::{exec, run_persist, walk, At, FsExplorer, Live};
 use crate::fsexplore::concurrent::{ConcurrentWorkload, TStep};
 use crate::fsexplore::medium::Recorder;
 use crate::fsexplore::model::{FsInvariant, FsViolation, History, MIno, MOp, MState};
-use crate::fsexplore::workload::{resolve, step_tag, TxnEnd};
+use crate::fsexplore::workload::{resolve, step_tag, FsOp, TxnEnd};
 
 /// The model's side of a running concurrent workload.
 struct Threads {
@@ -150,6 +150,11 @@ fn thread_step(
 ) -> Result<(), String> {
     let err = |e: FsError| format!("`t{t}: {step}` failed: {e}");
     match step {
+        TStep::Op(FsOp::Clean(stream)) => match fs.clean(*stream, usize::MAX) {
+            // `EBUSY` while a transaction is open: nothing cleaned.
+            Ok(_) | Err(FsError::Busy | FsError::NoSpace) => {}
+            Err(e) => return Err(err(e)),
+        },
         TStep::Op(op) => {
             // Resolved against the DRAM view (names the other thread's open transaction
             // made are taken), applied to the committed state.
