@@ -137,24 +137,26 @@ fn concurrent_histories_are_linearizable() {
     );
 }
 
-/// A model whose rename keeps the old name is wrong; on recorded histories with successful
-/// renames the checker must say so (else it accepts anything).
+/// Two wrong models — a rename that keeps the old name, an abort that keeps the transaction's
+/// writes — must each be rejected on some recorded histories (else the checker accepts
+/// anything).
 #[test]
 fn the_checker_rejects_a_wrong_model() {
+    const ROUNDS: u64 = 200;
     let seed = base_seed();
-    let (mut rejected, mut with_renames) = (0, 0);
-    for k in 0..60u64 {
+    let wrong = [Variant::RenameKeepsSource, Variant::AbortKeepsWrites];
+    let mut rejected = [0; 2];
+    for k in 0..ROUNDS {
         let (fx, h, _fs) = round(seed.wrapping_add(10_000 + k));
         assert!(linearization(fx, &h, Variant::Right).is_some(), "round {k}");
-        if h.iter().any(|e| matches!(e.op, Op::Rename { .. }) && e.ret == Ret::Ok) {
-            with_renames += 1;
-        }
-        if linearization(fx, &h, Variant::RenameKeepsSource).is_none() {
-            rejected += 1;
+        for (n, v) in rejected.iter_mut().zip(wrong) {
+            *n += usize::from(linearization(fx, &h, v).is_none());
         }
     }
-    println!("wrong model rejected on {rejected} of 60 histories ({with_renames} with a rename)");
-    assert!(rejected > 0, "the checker accepted every history against a wrong model");
+    let aborts = "aborted writes kept";
+    println!("wrong models rejected on {rejected:?} of {ROUNDS} histories (renames, {aborts})");
+    assert!(rejected[0] > 0, "the checker accepted every history with renames keeping the source");
+    assert!(rejected[1] > 0, "the checker accepted every history with aborts keeping writes");
 }
 
 /// A history where a rename from `d0` to `d1` is seen half done — while it runs, one thread

@@ -14,7 +14,7 @@ use tally_fs::{Fs, FsError, Ino, MkfsOptions, MountOptions, Owner, RenameFlags, 
 use tally_media::{Device, MemDevice};
 
 const ME: Owner = Owner { uid: 0, gid: 0 };
-const SCHEDULES: usize = 300;
+const SCHEDULES: usize = 1000;
 
 fn fresh() -> Arc<Fs> {
     fresh_on().1

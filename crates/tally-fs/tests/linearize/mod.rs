@@ -181,6 +181,8 @@ pub(crate) enum Variant {
     Right,
     /// Rename adds the new name but keeps the old one.
     RenameKeepsSource,
+    /// An abort undoes the transaction's entries but not its writes.
+    AbortKeepsWrites,
 }
 
 impl Model {
@@ -398,6 +400,7 @@ impl Model {
             Op::TxnAbort => {
                 for u in self.txns.remove(&thread).unwrap_or_default().into_iter().rev() {
                     match u {
+                        Undo::Data(..) if v == Variant::AbortKeepsWrites => {}
                         Undo::Data(f, bytes) => {
                             if let Some(Node::File { data, .. }) = self.nodes.get_mut(&f) {
                                 *data = bytes;
