@@ -36,11 +36,12 @@
 //!   `O_TRUNC` or `O_APPEND` (tar, git, cp, redirections, appenders): each `write` is one
 //!   `WRITE` whatever its alignment, and no `getxattr("security.capability")` precedes the
 //!   first (`adapter.rs`, `TallyFuse::file_open_flags`);
-//! - **several request threads** ([`MountConfig::threads`], one `/dev/fuse` clone each):
-//!   `fsync`s wait for the device in parallel while other requests are served;
+//! - **several request threads** ([`MountConfig::threads`], one `/dev/fuse` clone each, or
+//!   ring entries): `fsync`s wait for the device in parallel while other requests are served;
 //! - **FUSE over io_uring** where the kernel offers it ([`MountConfig::io_uring`], [`IoUring`]):
 //!   per-CPU queues of ring entries, each request answered and the next fetched in one
-//!   `io_uring_enter` (`ring.rs`); `/dev/fuse` keeps `INIT`, `FORGET` and `INTERRUPT`. Both
+//!   `io_uring_enter` (`ring.rs`); `/dev/fuse` keeps `INIT`, `FORGET` and `INTERRUPT`, read
+//!   by one thread that rests after forgets so that they come in batches. Both
 //!   transports call the same operations (`adapter.rs`), which return typed answers.
 //!
 //! Requests are counted by opcode, and those the ring brought apart ([`Mounted::requests`];

@@ -51,6 +51,19 @@ use io_uring::{cqueue, opcode, squeue::Entry128, types, IoUring};
 use crate::adapter::TallyFuse;
 use wire::HEADER_SIZE;
 
+/// `/dev/fuse` threads while the ring serves: it carries only `FORGET` and `INTERRUPT` then
+/// (and the few requests sent before every queue had entries).
+pub(crate) const DEV_FUSE_THREADS_BESIDE_RING: usize = 1;
+
+/// How long that thread rests after forgets before it reads again. The kernel queues a
+/// `FORGET` for each inode it drops (one per entry of an `rm -rf`) and wakes a reader waiting
+/// on `/dev/fuse` for each; woken on another CPU, as the scheduler mostly places it, each
+/// wake cost the caller an inter-processor interrupt: about 15 us more per create+unlink on
+/// a 2-vCPU VM (docs/bench/mount.md). A resting reader is not waiting, so the forgets queue
+/// without a wake and the next read takes them in one `BATCH_FORGET`; an `INTERRUPT` waits
+/// this long at most.
+pub(crate) const FORGET_REST: Duration = Duration::from_millis(2);
+
 /// `FUSE_IO_URING_CMD_REGISTER`.
 const CMD_REGISTER: u32 = 1;
 /// `FUSE_IO_URING_CMD_COMMIT_AND_FETCH`.

@@ -28,9 +28,9 @@ pub struct MountConfig {
     /// Let other users than the one mounting use the mount (`allow_other`).
     pub allow_other: bool,
     /// Threads reading requests from the kernel (through `/dev/fuse`; over io_uring, spread
-    /// over the queues). A request that waits (an `fsync` for the device, a request for a
-    /// transaction's file) holds one, so this bounds how many can wait at once while the
-    /// rest are served; [`THREADS_DEFAULT`] by default.
+    /// over the queues, and `/dev/fuse` gets one). A request that waits (an `fsync` for the
+    /// device, a request for a transaction's file) holds one, so this bounds how many can
+    /// wait at once while the rest are served; [`THREADS_DEFAULT`] by default.
     pub threads: usize,
     /// How long the kernel may trust attributes it was given (`-o attr_timeout=S`). Long:
     /// every change goes through the mount, which tells the kernel what a change makes stale
@@ -312,13 +312,14 @@ pub fn mount(fs: Fs, dir: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
     let mut config = Config::default();
     config.mount_options = options;
     config.acl = if cfg.allow_other { SessionACL::All } else { SessionACL::Owner };
-    config.n_threads = Some(cfg.threads.max(1));
+    let dev_fuse_thread_count = dev_fuse_threads(cfg);
+    config.n_threads = Some(dev_fuse_thread_count);
     config.clone_fd = true;
     let session = fuser::Session::new(adapter, dir, &config)?;
     // Set before any request is served (run() has not started): aborts can invalidate.
     let _ = notifier.set(session.notifier());
     // On failure the session is dropped: it unmounts the directory and the file system.
-    start_transport(&session, &ops, &ring_threads, cfg)?;
+    start_transport(&session, &ops, &ring_threads, cfg, dev_fuse_thread_count)?;
     Ok(Mounted {
         session,
         outcome,
@@ -329,6 +330,19 @@ pub fn mount(fs: Fs, dir: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
     })
 }
 
+/// Threads for the `/dev/fuse` loop: [`MountConfig::threads`], or only
+/// [`crate::ring::DEV_FUSE_THREADS_BESIDE_RING`] when the ring will serve. Decided before the
+/// session exists (fuser takes it then): the kernel offers the ring at `INIT` exactly when its
+/// `enable_uring` switch is on, and the adapter takes it unless `-o io_uring=off`.
+fn dev_fuse_threads(cfg: &MountConfig) -> usize {
+    let switch_on = std::fs::read_to_string(ENABLE_URING).is_ok_and(|s| s.trim() == "Y");
+    if cfg.io_uring != IoUring::Off && switch_on {
+        crate::ring::DEV_FUSE_THREADS_BESIDE_RING
+    } else {
+        cfg.threads.max(1)
+    }
+}
+
 /// Start FUSE over io_uring if `cfg` and the kernel agree (the `INIT` exchange is done), and
 /// say which transport serves.
 fn start_transport(
@@ -336,6 +350,7 @@ fn start_transport(
     ops: &Arc<TallyFuse>,
     ring_threads: &RingThreads,
     cfg: &MountConfig,
+    dev_fuse_thread_count: usize,
 ) -> io::Result<()> {
     use std::os::fd::AsFd;
     let switch = std::fs::read_to_string(ENABLE_URING)
@@ -357,6 +372,13 @@ fn start_transport(
             ));
         }
         tracing::info!("requests through /dev/fuse: {why}");
+        if dev_fuse_thread_count < cfg.threads {
+            tracing::warn!(
+                "only {dev_fuse_thread_count} /dev/fuse thread(s): {ENABLE_URING} was on when \
+                 the session began; remount for {} threads",
+                cfg.threads
+            );
+        }
         return Ok(());
     }
     let layout = crate::ring::Layout::for_machine(cfg.threads, ops.max_write());

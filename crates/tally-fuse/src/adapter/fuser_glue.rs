@@ -31,8 +31,32 @@ pub(crate) struct FuserGlue {
     pub(crate) ring_threads: RingThreads,
 }
 
+/// How long the `/dev/fuse` thread stays awake after resting from forgets before the next
+/// forget makes it rest again: far more than a batch's nodes take, far less than the rest.
+const FORGET_AWAKE_MAX: Duration = Duration::from_micros(100);
+
 /// How long unmount waits for the ring threads to end.
 const RING_JOIN_WAIT: Duration = Duration::from_secs(10);
+
+impl FuserGlue {
+    /// With the ring serving, pause this (then only) `/dev/fuse` thread after forgets, so the
+    /// next ones queue without waking it and arrive together (`crate::ring::FORGET_REST`).
+    /// fuser hands a `BATCH_FORGET` over one node at a time (its batch type is private), so
+    /// the thread rests once per batch: not again within [`FORGET_AWAKE_MAX`] of its last rest.
+    fn rest_after_forgets(&self) {
+        thread_local! {
+            static RESTED: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+        }
+        if !self.ops.ring_accepted() {
+            return;
+        }
+        let due = RESTED.get().is_none_or(|end| end.elapsed() >= FORGET_AWAKE_MAX);
+        if due {
+            std::thread::sleep(crate::ring::FORGET_REST);
+            RESTED.set(Some(Instant::now()));
+        }
+    }
+}
 
 fn caller(req: &Request) -> Caller {
     Caller { uid: req.uid(), gid: req.gid(), pid: req.pid() }
@@ -114,6 +138,7 @@ impl Filesystem for FuserGlue {
 
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
         self.ops.forget(ino.0);
+        self.rest_after_forgets();
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {

@@ -1,0 +1,96 @@
+//! With FUSE over io_uring serving, `/dev/fuse` carries only `FORGET` and `INTERRUPT`: one
+//! thread reads it, and it rests after forgets, so that the kernel's forgets (one per removed
+//! file) queue without waking it each time and arrive in batches. Through `/dev/fuse` alone
+//! (`TALLY_FUSE_IO_URING=off`, or a kernel without the ring) every request thread reads it.
+//!
+//! Needs root and a usable /dev/fuse (the test skips without, saying why; under CI it fails).
+
+mod common;
+
+use std::fs;
+use std::time::{Duration, Instant};
+
+use tally_fuse::{MountConfig, Opcode, Unmounted};
+
+use common::{require_fuse, Scratch};
+
+/// Files created and removed: a `FORGET` each.
+const FILE_COUNT: u64 = 3000;
+/// Request threads asked for.
+const THREAD_COUNT: usize = 4;
+
+/// This process's threads reading `/dev/fuse` (fuser names them `fuser-N`), with their
+/// context switches so far (voluntary and not).
+fn dev_fuse_threads() -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for task in fs::read_dir("/proc/self/task").unwrap() {
+        let path = task.unwrap().path();
+        let Ok(comm) = fs::read_to_string(path.join("comm")) else { continue };
+        if !comm.starts_with("fuser-") {
+            continue;
+        }
+        let Ok(status) = fs::read_to_string(path.join("status")) else { continue };
+        let switches = status
+            .lines()
+            .filter(|l| l.starts_with("voluntary_ctxt_switches") || l.starts_with("nonvoluntary"))
+            .map(|l| l.split_whitespace().last().unwrap().parse::<u64>().unwrap())
+            .sum();
+        out.push((comm.trim().to_owned(), switches));
+    }
+    out
+}
+
+fn switches(threads: &[(String, u64)]) -> u64 {
+    threads.iter().map(|(_, s)| s).sum()
+}
+
+/// The distinct names among `threads` (a thread started by a `fuser-N` thread without a name
+/// of its own shows the same name).
+fn names(threads: &[(String, u64)]) -> Vec<&str> {
+    let mut names: Vec<&str> = threads.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
+#[test]
+fn beside_the_ring_one_dev_fuse_thread_takes_forgets_in_batches() {
+    require_fuse!();
+    let s = Scratch::new("forget-rest-test", "forgets");
+    let served = s.serve(&MountConfig { threads: THREAD_COUNT, ..MountConfig::default() });
+    // A first request: the ring (if it serves) has every queue's entries by the time it is
+    // answered over it.
+    fs::write(served.path("first"), b"x").unwrap();
+    let over_ring = served.requests().ring() > 0;
+    let threads = dev_fuse_threads();
+    if !over_ring {
+        assert_eq!(names(&threads).len(), THREAD_COUNT, "/dev/fuse alone: {threads:?}");
+        assert_eq!(served.unmount(), Unmounted::Clean);
+        return;
+    }
+    assert_eq!(names(&threads), ["fuser-0"], "beside the ring, one /dev/fuse thread: {threads:?}");
+
+    let forgets_before = served.requests().get(Opcode::Forget);
+    let switches_before = switches(&threads);
+    let start = Instant::now();
+    for i in 0..FILE_COUNT {
+        let p = served.path(&format!("f{i}"));
+        fs::write(&p, b"x").unwrap();
+        fs::remove_file(&p).unwrap();
+    }
+    // The last forgets may wait for the end of a rest.
+    common::wait_until("every forget is served", Duration::from_secs(10), || {
+        served.requests().get(Opcode::Forget) - forgets_before >= FILE_COUNT
+    });
+    let elapsed = start.elapsed();
+    let woken = switches(&dev_fuse_threads()) - switches_before;
+    // Resting, the thread switches a few times per rest (its sleep, the read it blocks in)
+    // however many forgets came meanwhile, and a rest lasts 2 ms; woken per forget, it
+    // switches about once per forget (fewer only when it is slow to run).
+    eprintln!("{FILE_COUNT} forgets in {elapsed:?}: the /dev/fuse thread switched {woken} times");
+    assert!(
+        woken < FILE_COUNT / 3,
+        "the /dev/fuse thread switched {woken} times for {FILE_COUNT} forgets in {elapsed:?}"
+    );
+    assert_eq!(served.unmount(), Unmounted::Clean);
+}
