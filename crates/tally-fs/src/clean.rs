@@ -11,6 +11,25 @@
 //! Cleaning runs when the free segments run low (before an operation that needs space), and on
 //! demand ([`Fs::clean`]). It is skipped while explicit transactions are open: their changes are
 //! in memory only, and liveness must be judged against what is on media.
+//!
+//! Hot and cold. The log frees a stream's segments only from its head, so whatever survives
+//! cleaning must not go back to the tail of a stream that takes fresh writes: it would be at
+//! the head again a pass later, mostly still live, and be copied again (under LFS's 90/10
+//! skew the hot blocks die where they were written, and the cold ones were copied on every
+//! pass: the skew bought nothing). So, from four streams, the last two take no fresh writes
+//! ([`cleaning_streams`]): what survives the cleaning of a fresh stream's head goes to the
+//! warm stream, what survives the warm stream's goes to the cold one (and the cold stream's
+//! onto itself); from three streams, everything relocated goes to the last; one or two
+//! streams keep both for fresh writes and relocate onto the last. A fresh stream's head has
+//! then had the whole chain's time to die, data that survived once but dies young (hot data
+//! caught by cleaning) dies in the warm stream instead of diluting the cold one, and heads are
+//! chosen by cost-benefit, whose age is that of the head's youngest live block in versions
+//! (relocation keeps versions). The stream a file maps to is not on media (`Fs::stream_of`),
+//! so an image made before this mounts as it is: its files' next writes go to the fresh
+//! streams, and what it holds on the others is cleaned like the rest. Why recovery is
+//! indifferent to the stream a copy lands on: `tally_log::clean` (durability, checkpoints,
+//! dependencies, runs) and the versions above (an older version never replaces a newer one,
+//! whichever stream or snapshot it comes from).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -51,6 +70,18 @@ const UNIT_HEADER: u64 = 128;
 const BODY_HEADER: u64 = 16;
 const PER_DATA: u64 = 4;
 const PER_RECORD: u64 = 4;
+
+/// Streams of a log of `streams` kept for what survives cleaning (module documentation, "Hot
+/// and cold"): two (a warm one for what survived one cleaning, a cold one for what survived
+/// two) from four streams, one from three; none from one or two, which keep every stream for
+/// fresh writes (and their cross-stream ordering) and relocate onto the last.
+pub(crate) fn cleaning_streams(streams: u16) -> u16 {
+    match streams {
+        0..=2 => 0,
+        3 => 1,
+        _ => 2,
+    }
+}
 
 /// Relocated keys of one pack and, for data, the block's index in it.
 type Moved = Vec<(Key, Option<u32>)>;
@@ -138,19 +169,23 @@ impl Fs {
         }
         let seg = u64::from(self.segment_blocks);
         // Cost-benefit (LFS): a head's benefit is the space it frees, (1 − u), weighed by
-        // how long its data has been left to die (its age: the segments written on its
-        // stream since, the chain's length), against the cost of reading it and writing its
-        // live part, (1 + u). `u` comes from the live data blocks counted from the block maps
+        // how long its data has been left to die (its age: the versions handed out since its
+        // youngest live block was written; relocation keeps versions, so cold data stays old
+        // wherever it was moved), against the cost of reading it and writing its live part,
+        // (1 + u). `u` comes from the live data blocks counted from the block maps
         // (`live.rs`), so choosing reads nothing; the chosen head is then measured exactly
         // (its records too) before it is cleaned. Among equals (every head full of live data),
         // the longest chain: moving its head on is what reaches the dead space behind it.
+        // The chain's length is not the age: the cold stream's chain is long because every
+        // survivor lands there, not because its head has had time to die.
         let live = self.live_data_by_segment(st);
         let mut ranked: Vec<(f64, usize, u16)> = Vec::new();
         for s in 0..self.streams {
             let chain = self.log.segment_usage(s)?;
             let Some(head) = chain.first().filter(|_| chain.len() > 1) else { continue };
-            let u = (live.get(&head.segment).copied().unwrap_or(0) as f64 / seg as f64).min(1.0);
-            let age = chain.len() as f64;
+            let l = live.get(&head.segment).copied().unwrap_or_default();
+            let u = (l.blocks as f64 / seg as f64).min(1.0);
+            let age = st.next_ver.saturating_sub(l.youngest_ver).max(1) as f64;
             ranked.push(((1.0 - u) * age / (1.0 + u), chain.len(), s));
         }
         ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
@@ -159,9 +194,28 @@ impl Fs {
         // never makes records larger), so cleaning it never loses a segment, and moves the
         // stream's head on to the segments behind it, which may gain.
         let gains = |live: u64| live <= seg && live * 100 <= seg * max_live_percent;
+        // At least a segment's worth of blocks not holding live data between the head and the
+        // current segment of `stream`'s chain.
+        let dead_behind = |stream: u16| -> Result<bool> {
+            let chain = self.log.segment_usage(stream)?;
+            let behind = chain.get(1..chain.len().saturating_sub(1)).unwrap_or_default();
+            let dead: u64 = behind
+                .iter()
+                .map(|u| seg.saturating_sub(live.get(&u.segment).map_or(0, |l| l.blocks)))
+                .sum();
+            Ok(dead >= seg)
+        };
         for (_, _, stream) in ranked {
             let Some(l) = self.measure_oldest_of(st, stream)? else { continue };
             if !gains(l.live_blocks) {
+                continue;
+            }
+            // A head relocated onto its own stream (the cold one) goes to that stream's tail:
+            // nearly full, that pays only to reach dead space behind it in the chain; without
+            // any, it would cycle (the same chain again, a segment written, nothing freed),
+            // and the heads of the other streams would never be tried.
+            let onto_itself = self.relocation_stream(stream) == stream;
+            if onto_itself && l.live_blocks + seg / 8 > seg && !dead_behind(stream)? {
                 continue;
             }
             // A head less than full gains blocks even when its relocation took the fresh
@@ -170,6 +224,22 @@ impl Fs {
             return Ok(r.log.segments_freed > 0 || l.live_blocks < seg);
         }
         Ok(false)
+    }
+
+    /// Streams that take no fresh writes (`Fs::stream_of` maps files and threads to the
+    /// others): what survives cleaning goes there (`Fs::relocation_stream`).
+    pub(crate) fn fresh_streams(&self) -> u16 {
+        self.streams.saturating_sub(cleaning_streams(self.streams)).max(1)
+    }
+
+    /// The stream the live records of `stream`'s cleaned head are relocated to (module
+    /// documentation, "Hot and cold").
+    pub(crate) fn relocation_stream(&self, stream: u16) -> u16 {
+        let last = self.streams.saturating_sub(1);
+        match cleaning_streams(self.streams) {
+            2 if stream < last - 1 => last - 1,
+            _ => last,
+        }
     }
 
     pub(crate) fn pack_blocks(&self) -> u64 {
@@ -275,7 +345,8 @@ impl Fs {
         let bs = u64::from(self.bs);
         let limit = self.pack_blocks();
         let seg_blocks = u64::from(self.segment_blocks);
-        let mut left = u64::from(self.log.blocks_left_in_segment(stream)?);
+        let to = self.relocation_stream(stream);
+        let mut left = u64::from(self.log.blocks_left_in_segment(to)?);
         let tombstones_kept = self.mutant != Some(FsMutant::TombstoneDroppedEarly);
         // The mutant forgets the checkpoint snapshot while judging tombstones.
         let checkpoint_ver = st.checkpoint_ver;
@@ -286,7 +357,7 @@ impl Fs {
         // Each pack is handed to the log with the last old transaction it carries records of;
         // an old transaction's records may be cut across packs (`Log::clean_split`).
         let mut packs: Vec<(TxId, Pack)> = Vec::new();
-        let mut open = Pack::new(stream);
+        let mut open = Pack::new(to);
         for rtx in txs {
             let live = self.live_of(st, rtx, tombstones_kept, &mut seen, report)?;
             for (key, rec, block) in live {
@@ -299,7 +370,7 @@ impl Fs {
                 if !open.moved.is_empty() && grown > fits {
                     let blocks = open.blocks_with(bs, 0, 0);
                     let last = open.last.unwrap_or(rtx.id);
-                    packs.push((last, std::mem::replace(&mut open, Pack::new(stream))));
+                    packs.push((last, std::mem::replace(&mut open, Pack::new(to))));
                     left = pack_lands(left, blocks, seg_blocks);
                 }
                 let rec = match (rec, block) {
@@ -346,18 +417,19 @@ impl Fs {
             moved.entry(at).or_default().push_back(p.moved);
         }
         let mut i = 0;
-        let log_report = self.log.clean_split(stream, 1, |rtx| {
-            // The log cleans the transactions just read; anything else would leave a pack out.
-            if expected.get(i) != Some(&rtx.id) {
-                return Err(LogError::Invalid(format!(
-                    "cleaning planned transaction {:?}, the log read {:?}",
-                    expected.get(i),
-                    rtx.id
-                )));
-            }
-            i += 1;
-            Ok(handed.remove(&rtx.id).unwrap_or_default())
-        })?;
+        let log_report =
+            self.log.clean_split_to(stream, 1, self.relocation_stream(stream), |rtx| {
+                // The log cleans the transactions just read; anything else would leave a pack out.
+                if expected.get(i) != Some(&rtx.id) {
+                    return Err(LogError::Invalid(format!(
+                        "cleaning planned transaction {:?}, the log read {:?}",
+                        expected.get(i),
+                        rtx.id
+                    )));
+                }
+                i += 1;
+                Ok(handed.remove(&rtx.id).unwrap_or_default())
+            })?;
         if i != expected.len() {
             // The segment is freed without some relocations: stop before anything else is
             // written over what the DRAM state still points at.

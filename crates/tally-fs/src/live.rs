@@ -49,6 +49,15 @@ const PER_RECORD: u64 = 4;
 /// Share of the log's capacity kept free for cleaning, in percent.
 pub(crate) const CLEANING_HEADROOM_PERCENT: u64 = 8;
 
+/// Live data blocks of one segment, from the block maps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SegmentLive {
+    /// Live data blocks in it.
+    pub blocks: u64,
+    /// The highest version among them (0 when none).
+    pub youngest_ver: u64,
+}
+
 /// What the live state takes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SpaceUsage {
@@ -181,13 +190,16 @@ impl Fs {
     }
 
     /// Live data blocks (committed) in each segment, from the files' block maps: what cleaning
-    /// a segment would have to copy.
-    pub(crate) fn live_data_by_segment(&self, st: &State) -> HashMap<u32, u64> {
-        let mut out: HashMap<u32, u64> = HashMap::new();
+    /// a segment would have to copy; with the version of the youngest of them (when its data
+    /// was last written: relocation keeps versions), the age LFS's cost-benefit weighs.
+    pub(crate) fn live_data_by_segment(&self, st: &State) -> HashMap<u32, SegmentLive> {
+        let mut out: HashMap<u32, SegmentLive> = HashMap::new();
         for inode in st.inodes.values() {
             for b in inode.blocks.values().filter(|b| b.tx.is_some()) {
                 if let Some(s) = self.log.segment_of(b.addr) {
-                    *out.entry(s).or_default() += 1;
+                    let l = out.entry(s).or_default();
+                    l.blocks += 1;
+                    l.youngest_ver = l.youngest_ver.max(b.ver);
                 }
             }
         }

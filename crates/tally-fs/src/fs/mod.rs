@@ -42,7 +42,8 @@ mod transactions;
 /// Shape of a new file system, given to [`Fs::mkfs`].
 #[derive(Debug, Clone)]
 pub struct MkfsOptions {
-    /// Log streams (ordering domains). Operations on a file go to stream `ino % streams`.
+    /// Log streams (ordering domains). Operations on a file go to stream `ino % fresh`, with
+    /// `fresh` the streams not kept for what survives cleaning (`clean.rs`, "Hot and cold").
     pub streams: u16,
     /// Blocks per log segment. One operation's transaction must fit in half a segment (larger
     /// writes are split); an explicit transaction is bounded by free space (`fs/large.rs`).
@@ -60,7 +61,7 @@ impl Default for MkfsOptions {
 /// How operations are spread over the log's streams.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub enum StreamPolicy {
-    /// Stream `ino % streams` of the file written (the directory, for namespace operations):
+    /// Stream `ino % fresh` of the file written (the directory, for namespace operations):
     /// `fsync` of a file waits only for that stream's prefix, and operations on one file never
     /// need a cross-stream dependency.
     #[default]
@@ -720,7 +721,8 @@ impl Fs {
     }
 
     pub(crate) fn stream_of(&self, ino: Ino) -> u16 {
-        let n = u64::from(self.streams.max(1));
+        // Not the streams kept for what survives cleaning (`clean.rs`, "Hot and cold").
+        let n = u64::from(self.fresh_streams());
         match self.policy {
             StreamPolicy::PerFile => (ino % n) as u16,
             StreamPolicy::PerThread => (thread_slot() % n) as u16,
