@@ -137,9 +137,10 @@ fn cleaning_onto_another_stream_before_its_copies_are_durable_is_caught() {
             let r = elsewhere(cfg);
             let v = r.first_violation.unwrap_or_else(|| panic!("{} not caught", m.name()));
             println!(
-                "{} caught by {} in workload {}: {}",
+                "{} caught by {} after {} states in workload {}: {}",
                 m.name(),
                 v.invariant.name(),
+                v.states_before,
                 v.workload,
                 v.message
             );
