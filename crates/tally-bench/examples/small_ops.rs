@@ -22,8 +22,12 @@ use tally_fs::{
 use tally_media::{Device, FileDevice, FileOptions, MemDevice};
 
 const ME: Owner = Owner { uid: 0, gid: 0 };
-/// Files per directory, as a source tree has them.
-const PER_DIR: u32 = 300;
+/// Files per directory, as a source tree has them (`SMALL_OPS_PER_DIR` to change it).
+const PER_DIR_DEFAULT: u32 = 300;
+
+fn per_dir() -> u32 {
+    std::env::var("SMALL_OPS_PER_DIR").ok().and_then(|v| v.parse().ok()).unwrap_or(PER_DIR_DEFAULT)
+}
 /// Bytes per file (two writes, as FUSE sends a small tar member).
 const FILE_BYTES: usize = 6_000;
 const WRITE_BYTES: usize = 4_096;
@@ -108,7 +112,7 @@ fn round(
     let mut dirs = Vec::new();
     let mut made = Vec::new();
     for i in 0..files {
-        if i % PER_DIR == 0 {
+        if i % per_dir() == 0 {
             let name = format!("d{i}");
             dirs.push(t.timed(0, || fs.mkdir(None, ROOT, name.as_bytes(), 0o755, ME))?.ino);
         }
@@ -140,7 +144,7 @@ fn round(
         t.timed(6, || fs.unlink(None, *dir, to.as_bytes()))?;
     }
     for (i, _) in dirs.iter().enumerate() {
-        let name = format!("d{}", i as u32 * PER_DIR);
+        let name = format!("d{}", i as u32 * per_dir());
         t.timed(7, || fs.rmdir(None, ROOT, name.as_bytes()))?;
     }
     t.timed(8, || fs.sync())?;
