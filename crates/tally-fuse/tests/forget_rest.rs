@@ -16,6 +16,8 @@ use common::{require_fuse, Scratch};
 
 /// Files created and removed: a `FORGET` each.
 const FILE_COUNT: u64 = 3000;
+/// Rounds of [`FILE_COUNT`] tried before the machine counts as too slow for the check.
+const ROUND_COUNT_MAX: usize = 3;
 /// Request threads asked for.
 const THREAD_COUNT: usize = 4;
 
@@ -70,27 +72,42 @@ fn beside_the_ring_one_dev_fuse_thread_takes_forgets_in_batches() {
     }
     assert_eq!(names(&threads), ["fuser-0"], "beside the ring, one /dev/fuse thread: {threads:?}");
 
-    let forgets_before = served.requests().get(Opcode::Forget);
-    let switches_before = switches(&threads);
-    let start = Instant::now();
-    for i in 0..FILE_COUNT {
-        let p = served.path(&format!("f{i}"));
-        fs::write(&p, b"x").unwrap();
-        fs::remove_file(&p).unwrap();
+    // Resting, the thread switches a few times per rest (its sleep, the read it blocks in,
+    // maybe a preemption) however many forgets came meanwhile, and a rest lasts 2 ms: at most
+    // 2 switches a millisecond. Woken per forget, it switches about once per forget. The
+    // check tells the two apart only if the forgets came faster than that bound: a round too
+    // slow for it (a loaded machine) is run again, a few times.
+    let mut rounds = Vec::new();
+    for round in 0..ROUND_COUNT_MAX {
+        let forgets_before = served.requests().get(Opcode::Forget);
+        let switches_before = switches(&dev_fuse_threads());
+        let start = Instant::now();
+        for i in 0..FILE_COUNT {
+            let p = served.path(&format!("r{round}-f{i}"));
+            fs::write(&p, b"x").unwrap();
+            fs::remove_file(&p).unwrap();
+        }
+        // The last forgets may wait for the end of a rest.
+        common::wait_until("every forget is served", Duration::from_secs(10), || {
+            served.requests().get(Opcode::Forget) - forgets_before >= FILE_COUNT
+        });
+        let elapsed = start.elapsed();
+        let woken = switches(&dev_fuse_threads()) - switches_before;
+        let resting_max = 2 * u64::try_from(elapsed.as_millis()).unwrap() + 20;
+        eprintln!(
+            "{FILE_COUNT} forgets in {elapsed:?}: the /dev/fuse thread switched {woken} times \
+             (resting: at most {resting_max})"
+        );
+        rounds.push((elapsed, woken));
+        if resting_max < FILE_COUNT * 4 / 5 {
+            assert!(
+                woken <= resting_max,
+                "the /dev/fuse thread switched {woken} times for {FILE_COUNT} forgets in \
+                 {elapsed:?}: woken per forget, not resting"
+            );
+            assert_eq!(served.unmount(), Unmounted::Clean);
+            return;
+        }
     }
-    // The last forgets may wait for the end of a rest.
-    common::wait_until("every forget is served", Duration::from_secs(10), || {
-        served.requests().get(Opcode::Forget) - forgets_before >= FILE_COUNT
-    });
-    let elapsed = start.elapsed();
-    let woken = switches(&dev_fuse_threads()) - switches_before;
-    // Resting, the thread switches a few times per rest (its sleep, the read it blocks in)
-    // however many forgets came meanwhile, and a rest lasts 2 ms; woken per forget, it
-    // switches about once per forget (fewer only when it is slow to run).
-    eprintln!("{FILE_COUNT} forgets in {elapsed:?}: the /dev/fuse thread switched {woken} times");
-    assert!(
-        woken < FILE_COUNT / 3,
-        "the /dev/fuse thread switched {woken} times for {FILE_COUNT} forgets in {elapsed:?}"
-    );
-    assert_eq!(served.unmount(), Unmounted::Clean);
+    panic!("every round too slow to tell resting from waking per forget: {rounds:?}");
 }
