@@ -5,11 +5,14 @@
 //! step judged. `TALLY_CONCURRENT_SEED` replays another seed.
 
 use tally_crash::fsexplore::{
-    concurrent, ConcurrentWorkload, FsExploreConfig, FsExplorer, FsReport, Persist, TStep,
+    concurrent, threaded, ConcurrentWorkload, FsExploreConfig, FsExplorer, FsReport, Persist, TStep,
 };
 
 /// Workloads drawn by the seed (of 3 × 4 scripts × 9 transaction ends × the interleavings).
 const COUNT: usize = 24;
+
+/// Runs of two OS threads at once.
+const THREADED_RUNS: usize = 48;
 
 fn seed() -> u64 {
     std::env::var("TALLY_CONCURRENT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(16)
@@ -22,7 +25,11 @@ fn explore(cfg: FsExploreConfig, workloads: &[ConcurrentWorkload], name: &str) -
         if ex.done() {
             break;
         }
-        ex.run_concurrent("concurrent", i, w);
+        if w.schedule.is_empty() {
+            ex.run_threads("threaded", i, w);
+        } else {
+            ex.run_concurrent("concurrent", i, w);
+        }
     }
     let r = ex.report();
     println!(
@@ -94,6 +101,53 @@ fn two_threads_on_one_stream_recover_a_prefix() {
     assert_eq!(r.violations, 0, "{:#?}", r.first_violation);
     assert_eq!(r.workloads, (COUNT / 2) as u64);
     assert!(r.states_checked > 300, "too few images checked");
+}
+
+/// Two OS threads at once, each in its own directory with its own files (`threaded`): the
+/// crash points inside both threads' device operations, judged with what was acknowledged
+/// before each. The OS chooses the interleaving, so the points differ from run to run; none
+/// may break an invariant.
+#[test]
+fn two_os_threads_at_once() {
+    let seed = seed();
+    let workloads = threaded(THREADED_RUNS, seed);
+    let cfg = FsExploreConfig { seed, ..FsExploreConfig::default() };
+    let r = explore(cfg, &workloads, "threaded, 2 streams");
+    assert_eq!(r.violations, 0, "{:#?}", r.first_violation);
+    assert_eq!(r.workloads, THREADED_RUNS as u64);
+    assert!(r.crash_points_inside_ops > 100, "too few crash points inside the threads");
+}
+
+/// Two OS threads at once catch `fsync` returning before durability by I3 (the points each
+/// thread's device operations leave after an `fsync` returned, judged with its
+/// acknowledgement), besides I5; and lost cross-stream dependencies.
+#[test]
+#[cfg_attr(not(feature = "mutants"), ignore = "needs the mutants feature")]
+fn os_threads_catch_mutants() {
+    use tally_fs::FsMutant;
+    let seed = seed();
+    let workloads = threaded(THREADED_RUNS, seed);
+    let cfg = FsExploreConfig {
+        mutant: Some(FsMutant::FsyncNotDurable),
+        seed,
+        ..FsExploreConfig::default()
+    };
+    let r = explore(cfg, &workloads, "fsync-not-durable");
+    println!("  => fsync-not-durable: violations by invariant {:?}", r.violations_by_invariant);
+    assert!(
+        r.violations_by_invariant.get("I3 durability").is_some_and(|&n| n > 0),
+        "fsync-not-durable not caught by I3: {:?}",
+        r.violations_by_invariant
+    );
+    let cfg = FsExploreConfig {
+        mutant: Some(FsMutant::NoDependencies),
+        stop_at_first: true,
+        seed,
+        ..FsExploreConfig::default()
+    };
+    let r = explore(cfg, &workloads, "no-dependencies");
+    let v = r.first_violation.expect("no-dependencies not caught by two OS threads");
+    println!("  => no-dependencies caught by {} in `{}`", v.invariant.name(), v.workload);
 }
 
 /// Each mutant of `tally-fs` run on the concurrent workloads (stopping at its first

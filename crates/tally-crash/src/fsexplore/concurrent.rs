@@ -181,6 +181,59 @@ pub fn concurrent(count: usize, streams: u16, seed: u64) -> Vec<ConcurrentWorklo
     out
 }
 
+/// Workloads for two OS threads running at once (`FsExplorer::run_threads`): each thread
+/// in its own directory (thread 0 in `/A`, owning `/A/foo`; thread 1 in `/B`), plain
+/// operations and `fsync`s only, so the two threads share no object and any real interleaving
+/// leaves the same tree. `count` drawn by `seed`, repeats allowed (each run interleaves
+/// differently); the schedule is empty: the OS chooses.
+#[must_use]
+pub fn threaded(count: usize, seed: u64) -> Vec<ConcurrentWorkload> {
+    use TStep::{Op, Persist as P};
+    let t0 = [
+        vec![
+            Op(FsOp::Create(p("/A/r0"))),
+            Op(FsOp::Write(p("/A/r0"), WriteKind::Append)),
+            P(Persist::Fsync(p("/A/r0"))),
+            Op(FsOp::Write(p("/A/foo"), WriteKind::Overwrite)),
+            Op(FsOp::Rename(p("/A/r0"), p("/A/s0"))),
+            P(Persist::FsyncDir(p("/A"))),
+        ],
+        vec![
+            Op(FsOp::Write(p("/A/foo"), WriteKind::Big)),
+            P(Persist::Fdatasync(p("/A/foo"))),
+            Op(FsOp::Create(p("/A/r0"))),
+            Op(FsOp::Unlink(p("/A/r0"))),
+            Op(FsOp::Mkdir(p("/A/e0"))),
+            P(Persist::Fsync(p("/A/e0"))),
+        ],
+    ];
+    let t1 = [
+        vec![
+            Op(FsOp::Create(p("/B/r1"))),
+            Op(FsOp::Write(p("/B/r1"), WriteKind::Big)),
+            P(Persist::Fsync(p("/B/r1"))),
+            Op(FsOp::Mkdir(p("/B/e1"))),
+            Op(FsOp::Rename(p("/B/r1"), p("/B/e1/r1"))),
+            P(Persist::FsyncDir(p("/B/e1"))),
+        ],
+        vec![
+            Op(FsOp::Mkdir(p("/B/e1"))),
+            Op(FsOp::Create(p("/B/e1/f1"))),
+            Op(FsOp::Write(p("/B/e1/f1"), WriteKind::Unaligned)),
+            P(Persist::Fsync(p("/B/e1/f1"))),
+            Op(FsOp::Chmod(p("/B/e1/f1"))),
+            Op(FsOp::SetXattr(p("/B/e1/f1"))),
+        ],
+    ];
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x7A12_2016);
+    (0..count)
+        .map(|_| ConcurrentWorkload {
+            threads: [t0[rng.usize(..t0.len())].clone(), t1[rng.usize(..t1.len())].clone()],
+            schedule: Vec::new(),
+        })
+        .collect()
+}
+
 impl fmt::Display for TStep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -195,6 +248,14 @@ impl fmt::Display for TStep {
 
 impl fmt::Display for ConcurrentWorkload {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.schedule.is_empty() {
+            // Run on OS threads: each thread's steps.
+            for (t, steps) in self.threads.iter().enumerate() {
+                let list: Vec<String> = steps.iter().map(ToString::to_string).collect();
+                write!(f, "{}t{t}: {}", if t > 0 { " || " } else { "" }, list.join(", "))?;
+            }
+            return Ok(());
+        }
         for (i, (t, s)) in self.steps().iter().enumerate() {
             if i > 0 {
                 write!(f, " | ")?;

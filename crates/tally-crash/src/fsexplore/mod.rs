@@ -36,7 +36,7 @@ mod workload;
 
 pub use tally_fs::{mutants_available, FsMutant};
 
-pub use concurrent::{concurrent, ConcurrentWorkload, TStep};
+pub use concurrent::{concurrent, threaded, ConcurrentWorkload, TStep};
 pub use medium::{explorer_view, Medium};
 pub use model::{
     Candidates, FsInvariant, FsViolation, History, MIno, MNode, MOp, MState, Tree, TreeNode, MROOT,

@@ -9,14 +9,15 @@
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Mutex, PoisonError};
 
 use tally_fs::{Fs, FsError, Ino, Txn};
 
 use super::{exec, run_persist, walk, At, FsExplorer, Live};
 use crate::fsexplore::concurrent::{ConcurrentWorkload, TStep};
-use crate::fsexplore::medium::Recorder;
+use crate::fsexplore::medium::{Point, Recorder};
 use crate::fsexplore::model::{FsInvariant, FsViolation, History, MIno, MOp, MState};
-use crate::fsexplore::workload::{resolve, step_tag, FsOp, TxnEnd};
+use crate::fsexplore::workload::{resolve, step_tag, FsOp, Persist, TxnEnd};
 
 /// The model's side of a running concurrent workload.
 struct Threads {
@@ -200,4 +201,146 @@ fn thread_step(
         }
     }
     Ok(())
+}
+
+/// A thread's resolved step, for [`FsExplorer::run_threads`].
+enum Planned {
+    Op(MOp),
+    /// `fsync` of the model inode, and what it acknowledges when it returns.
+    Fsync(MIno, u64),
+}
+
+/// Points recorded between two acknowledgements, with what was acknowledged before them.
+type Segments = Vec<(Vec<Point>, u64)>;
+
+impl FsExplorer {
+    /// Run `workload`'s two threads' steps on two OS threads at once (`threaded`: each thread
+    /// in its own directory, plain operations and `fsync`s), recording crash points inside
+    /// every device operation either makes. When an `fsync` returns, the points recorded so
+    /// far are set aside with the acknowledgements from before it (all those points came
+    /// before it returned), then its own acknowledgement is added; each point is judged
+    /// against the history (thread 0's operations, then thread 1's: they share no object,
+    /// so every order gives the same trees and the same dependencies) with those. The OS
+    /// chooses the interleaving: a run is not reproduced exactly by its seed.
+    pub fn run_threads(&mut self, set: &str, index: usize, workload: &ConcurrentWorkload) {
+        self.report.workloads += 1;
+        let at0 = At { set, index, workload, step: 0, what: "start" };
+        let fail = |message: String| FsViolation { invariant: FsInvariant::I1Atomicity, message };
+        let start = match self.start() {
+            Ok(s) => s,
+            Err(message) => {
+                let v = FsViolation { invariant: FsInvariant::I4MountAndFsck, message };
+                return self.record(at0, v);
+            }
+        };
+        let bs = self.bs();
+        // Resolve each thread's steps in order, thread 0's first.
+        let mut scratch = start.state.clone();
+        let mut hist = History::new(start.state.clone(), self.cfg.streams == 1);
+        let mut plans: [Vec<Planned>; 2] = [Vec::new(), Vec::new()];
+        for (t, steps) in workload.threads.iter().enumerate() {
+            let mut own = 0u64;
+            for (k, step) in steps.iter().enumerate() {
+                let planned = match step {
+                    TStep::Op(op) => {
+                        let tag = step_tag(t * 32 + k);
+                        let m = match resolve(&scratch, op, tag, bs) {
+                            Ok(Some(m)) => m,
+                            other => return self.record(at0, fail(format!("{step}: {other:?}"))),
+                        };
+                        let touched = match scratch.apply(&m) {
+                            Ok(touched) => touched,
+                            Err(e) => return self.record(at0, fail(e)),
+                        };
+                        hist.push(m.clone(), touched);
+                        own |= 1 << (hist.ops.len() - 1);
+                        Planned::Op(m)
+                    }
+                    TStep::Persist(
+                        Persist::Fsync(p) | Persist::Fdatasync(p) | Persist::FsyncDir(p),
+                    ) => {
+                        let Some(m) = scratch.lookup(p) else {
+                            return self.record(at0, fail(format!("{p} does not exist")));
+                        };
+                        Planned::Fsync(m, hist.closure(hist.touching(m) & own))
+                    }
+                    other => {
+                        return self.record(at0, fail(format!("`{other}` is not for OS threads")))
+                    }
+                };
+                plans[t].push(planned);
+            }
+        }
+        let dev = Recorder::new(self.cfg.medium, &start.image, self.cfg.seed, self.view());
+        let opts = self.mount_options();
+        let fs = match catch_unwind(AssertUnwindSafe(|| Fs::mount(dev.device(), opts))) {
+            Ok(Ok(fs)) => fs,
+            _ => {
+                let message = "mounting the start image failed".to_string();
+                let v = FsViolation { invariant: FsInvariant::I4MountAndFsck, message };
+                return self.record(at0, v);
+            }
+        };
+        let recording = self.cfg.crash_inside_ops;
+        let acked = Mutex::new((Segments::new(), 0u64));
+        dev.set_recording(recording);
+        let results: Vec<Result<(), String>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = plans
+                .iter()
+                .map(|plan| {
+                    let (fs, dev, acked, map) = (&fs, &dev, &acked, start.map.clone());
+                    sc.spawn(move || {
+                        let mut map = map;
+                        for p in plan {
+                            match p {
+                                Planned::Op(m) => exec(fs, &mut map, m, None)
+                                    .map_err(|e| format!("{m:?} failed: {e}"))?,
+                                Planned::Fsync(m, ack) => {
+                                    let ino = *map.get(m).ok_or("fsync of no inode")?;
+                                    fs.fsync(ino).map_err(|e| format!("fsync failed: {e}"))?;
+                                    let mut g =
+                                        acked.lock().unwrap_or_else(PoisonError::into_inner);
+                                    let points = dev.take_points();
+                                    dev.set_recording(recording);
+                                    let before = g.1;
+                                    g.0.push((points, before));
+                                    g.1 |= ack;
+                                }
+                            }
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into())))
+                .collect()
+        });
+        let (mut segments, acked_all) = acked.into_inner().unwrap_or_else(PoisonError::into_inner);
+        segments.push((dev.take_points(), acked_all));
+        for r in results {
+            if let Err(message) = r {
+                return self.record(at0, fail(message));
+            }
+        }
+        let at = At { set, index, workload, step: workload.threads[0].len(), what: "threads" };
+        match walk(&fs) {
+            Ok(tree) if tree == scratch.tree() => {}
+            Ok(tree) => {
+                let message = format!("the live tree differs: {}", tree.diff(&scratch.tree()));
+                return self.record(at, fail(message));
+            }
+            Err(message) => return self.record(at, fail(message)),
+        }
+        for (points, acks) in segments {
+            let mut h = hist.clone();
+            h.acked = acks;
+            if !self.points(&points, &h, At { what: "inside threads", ..at }) {
+                return;
+            }
+        }
+        hist.acked = acked_all;
+        self.points(&[dev.point_now()], &hist, at);
+    }
 }
