@@ -15,8 +15,9 @@
 //!   stream's) before the superblock that moves the cleaned stream's checkpoint is written,
 //!   so no crash image has the old segments gone and the copies missing
 //!   ([`Mutant::RelocationNotDurable`] waits only for the cleaned stream, and is caught);
-//! - a relocated transaction has no dependencies and nothing depends on it; a dependency on a
-//!   cleaned transaction is met by the checkpoint (it is at or below it), as before;
+//! - a relocated transaction has no dependencies of its own, and is durable before cleaning
+//!   returns (so a later dependency on it is met at once); a dependency on a cleaned
+//!   transaction is met by the checkpoint (it is at or below it), as before;
 //! - a checkpoint of the cleaned stream covers its transactions up to `upto`, nothing on the
 //!   target: the copies are ordinary transactions of the target's prefix, replayed (by
 //!   version) until the target's own cleaning moves or drops them;
