@@ -183,30 +183,42 @@ pub fn concurrent(count: usize, streams: u16, seed: u64) -> Vec<ConcurrentWorklo
 
 /// Workloads for two OS threads running at once (`FsExplorer::run_threads`): each thread
 /// in its own directory (thread 0 in `/A`, owning `/A/foo`; thread 1 in `/B`), plain
-/// operations and `fsync`s only, so the two threads share no object and any real interleaving
-/// leaves the same tree. `count` drawn by `seed`, repeats allowed (each run interleaves
-/// differently); the schedule is empty: the OS chooses.
+/// operations, `fsync`s and (thread 0) a transaction, so the two threads share no object and
+/// any real interleaving leaves the same tree. `count` drawn by `seed`, repeats allowed (each
+/// run interleaves differently); the schedule is empty: the OS chooses.
 #[must_use]
 pub fn threaded(count: usize, seed: u64) -> Vec<ConcurrentWorkload> {
-    use TStep::{Op, Persist as P};
-    let t0 = [
-        vec![
-            Op(FsOp::Create(p("/A/r0"))),
-            Op(FsOp::Write(p("/A/r0"), WriteKind::Append)),
-            P(Persist::Fsync(p("/A/r0"))),
-            Op(FsOp::Write(p("/A/foo"), WriteKind::Overwrite)),
-            Op(FsOp::Rename(p("/A/r0"), p("/A/s0"))),
-            P(Persist::FsyncDir(p("/A"))),
-        ],
-        vec![
-            Op(FsOp::Write(p("/A/foo"), WriteKind::Big)),
-            P(Persist::Fdatasync(p("/A/foo"))),
-            Op(FsOp::Create(p("/A/r0"))),
-            Op(FsOp::Unlink(p("/A/r0"))),
-            Op(FsOp::Mkdir(p("/A/e0"))),
-            P(Persist::Fsync(p("/A/e0"))),
-        ],
-    ];
+    use TStep::{Begin, End, InTxn, Op, Persist as P};
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x7A12_2016);
+    let ends = [TxnEnd::Commit, TxnEnd::CommitDurable, TxnEnd::Abort];
+    let t0 = |end: TxnEnd| {
+        [
+            // A transaction of thread 0 open while thread 1 flushes and fsyncs.
+            vec![
+                Begin,
+                InTxn(FsOp::Write(p("/A/foo"), WriteKind::Big)),
+                InTxn(FsOp::Create(p("/A/t0"))),
+                End(end),
+                P(Persist::Fsync(p("/A/foo"))),
+            ],
+            vec![
+                Op(FsOp::Create(p("/A/r0"))),
+                Op(FsOp::Write(p("/A/r0"), WriteKind::Append)),
+                P(Persist::Fsync(p("/A/r0"))),
+                Op(FsOp::Write(p("/A/foo"), WriteKind::Overwrite)),
+                Op(FsOp::Rename(p("/A/r0"), p("/A/s0"))),
+                P(Persist::FsyncDir(p("/A"))),
+            ],
+            vec![
+                Op(FsOp::Write(p("/A/foo"), WriteKind::Big)),
+                P(Persist::Fdatasync(p("/A/foo"))),
+                Op(FsOp::Create(p("/A/r0"))),
+                Op(FsOp::Unlink(p("/A/r0"))),
+                Op(FsOp::Mkdir(p("/A/e0"))),
+                P(Persist::Fsync(p("/A/e0"))),
+            ],
+        ]
+    };
     let t1 = [
         vec![
             Op(FsOp::Create(p("/B/r1"))),
@@ -225,10 +237,12 @@ pub fn threaded(count: usize, seed: u64) -> Vec<ConcurrentWorkload> {
             Op(FsOp::SetXattr(p("/B/e1/f1"))),
         ],
     ];
-    let mut rng = fastrand::Rng::with_seed(seed ^ 0x7A12_2016);
     (0..count)
         .map(|_| ConcurrentWorkload {
-            threads: [t0[rng.usize(..t0.len())].clone(), t1[rng.usize(..t1.len())].clone()],
+            threads: {
+                let t0 = t0(ends[rng.usize(..ends.len())]);
+                [t0[rng.usize(..t0.len())].clone(), t1[rng.usize(..t1.len())].clone()]
+            },
             schedule: Vec::new(),
         })
         .collect()

@@ -208,6 +208,11 @@ enum Planned {
     Op(MOp),
     /// `fsync` of the model inode, and what it acknowledges when it returns.
     Fsync(MIno, u64),
+    Begin,
+    InTxn(MOp),
+    /// `commit`, or `commit_durable` with what it acknowledges.
+    Commit(Option<u64>),
+    Abort,
 }
 
 /// Points recorded between two acknowledgements, with what was acknowledged before them.
@@ -240,8 +245,48 @@ impl FsExplorer {
         let mut plans: [Vec<Planned>; 2] = [Vec::new(), Vec::new()];
         for (t, steps) in workload.threads.iter().enumerate() {
             let mut own = 0u64;
+            // The thread's open transaction: the state with its operations, and them.
+            let mut open: Option<(MState, Vec<MOp>)> = None;
             for (k, step) in steps.iter().enumerate() {
                 let planned = match step {
+                    TStep::Begin => {
+                        open = Some((scratch.clone(), Vec::new()));
+                        Planned::Begin
+                    }
+                    TStep::InTxn(op) => {
+                        let Some((st, ops)) = open.as_mut() else {
+                            return self.record(at0, fail(format!("{step}: no transaction")));
+                        };
+                        let m = match resolve(st, op, step_tag(t * 32 + k), bs) {
+                            Ok(Some(m)) => m,
+                            other => return self.record(at0, fail(format!("{step}: {other:?}"))),
+                        };
+                        if let Err(e) = st.apply(&m) {
+                            return self.record(at0, fail(e));
+                        }
+                        ops.push(m.clone());
+                        Planned::InTxn(m)
+                    }
+                    TStep::End(end) => {
+                        let Some((_, ops)) = open.take() else {
+                            return self.record(at0, fail(format!("{step}: no transaction")));
+                        };
+                        if *end == TxnEnd::Abort {
+                            Planned::Abort
+                        } else {
+                            let group = MOp::Group(ops);
+                            let touched = match scratch.apply(&group) {
+                                Ok(touched) => touched,
+                                Err(e) => return self.record(at0, fail(e)),
+                            };
+                            hist.push(group, touched);
+                            let bit = 1 << (hist.ops.len() - 1);
+                            own |= bit;
+                            Planned::Commit(
+                                (*end == TxnEnd::CommitDurable).then(|| hist.closure(bit)),
+                            )
+                        }
+                    }
                     TStep::Op(op) => {
                         let tag = step_tag(t * 32 + k);
                         let m = match resolve(&scratch, op, tag, bs) {
@@ -291,6 +336,17 @@ impl FsExplorer {
                     let (fs, dev, acked, map) = (&fs, &dev, &acked, start.map.clone());
                     sc.spawn(move || {
                         let mut map = map;
+                        let mut txn = None;
+                        // A durable wait returned: set the points so far aside with the
+                        // acknowledgements from before it, then add its own.
+                        let acknowledge = |ack: u64| {
+                            let mut g = acked.lock().unwrap_or_else(PoisonError::into_inner);
+                            let points = dev.take_points();
+                            dev.set_recording(recording);
+                            let before = g.1;
+                            g.0.push((points, before));
+                            g.1 |= ack;
+                        };
                         for p in plan {
                             match p {
                                 Planned::Op(m) => exec(fs, &mut map, m, None)
@@ -298,13 +354,27 @@ impl FsExplorer {
                                 Planned::Fsync(m, ack) => {
                                     let ino = *map.get(m).ok_or("fsync of no inode")?;
                                     fs.fsync(ino).map_err(|e| format!("fsync failed: {e}"))?;
-                                    let mut g =
-                                        acked.lock().unwrap_or_else(PoisonError::into_inner);
-                                    let points = dev.take_points();
-                                    dev.set_recording(recording);
-                                    let before = g.1;
-                                    g.0.push((points, before));
-                                    g.1 |= ack;
+                                    acknowledge(*ack);
+                                }
+                                Planned::Begin => {
+                                    txn = Some(fs.begin().map_err(|e| format!("begin: {e}"))?);
+                                }
+                                Planned::InTxn(m) => exec(fs, &mut map, m, txn.as_ref())
+                                    .map_err(|e| format!("{m:?} in a transaction: {e}"))?,
+                                Planned::Commit(durable) => {
+                                    let t = txn.take().ok_or("commit without begin")?;
+                                    match durable {
+                                        Some(ack) => {
+                                            fs.commit_durable(t)
+                                                .map_err(|e| format!("commit_durable: {e}"))?;
+                                            acknowledge(*ack);
+                                        }
+                                        None => fs.commit(t).map_err(|e| format!("commit: {e}"))?,
+                                    }
+                                }
+                                Planned::Abort => {
+                                    let t = txn.take().ok_or("abort without begin")?;
+                                    fs.abort(t).map_err(|e| format!("abort: {e}"))?;
                                 }
                             }
                         }
