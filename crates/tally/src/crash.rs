@@ -166,6 +166,14 @@ pub fn run(cmd: &Command) -> ExitCode {
                 "  (with --write-outs across-ops)"
             } else if m.needs_clean_close() {
                 "  (needs a clean close: caught by the snapshot and file-system crash tests)"
+            } else if m.needs_generations() {
+                "  (with --generations)"
+            } else if m.needs_damage() {
+                "  (damage to durable data, not a crash: caught by tally-log's durable_damage test)"
+            } else if m.needs_large_transactions() {
+                "  (with large-transaction workloads, letter L: tally-crash's log_explore test runs them)"
+            } else if m.needs_relocation_elsewhere() {
+                "  (with a workload that cleans onto another stream, letter G, e.g. --workload aMG)"
             } else {
                 ""
             };
