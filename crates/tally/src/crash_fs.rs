@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use tally_crash::fsexplore::{
-    mutants_available, workload_set, FsExploreConfig, FsExplorer, FsMutant, FsReport, Medium,
+    concurrent, mutants_available, threaded, workload_set, ConcurrentWorkload, FsExploreConfig,
+    FsExplorer, FsMutant, FsReport, Medium,
 };
 use tally_media::pmem::BlockMutant;
 
@@ -43,8 +44,10 @@ pub struct FsArgs {
         value_parser = clap::value_parser!(u8).range(1..=12)
     )]
     ops_per_generation: u8,
-    /// A named workload set instead of --seq: seq-1, seq-2, seq-2:N, longer, large (as a reported
-    /// violation names it, with --index).
+    /// A named workload set instead of --seq: seq-1, seq-2, seq-2:N, longer, large, or the
+    /// two-thread sets: concurrent (24 interleavings drawn by --seed, one step at a time) and
+    /// threaded (48 runs of two OS threads at once) (as a reported violation names it, with
+    /// --index).
     #[arg(long, conflicts_with_all = ["seq", "count"])]
     set: Option<String>,
     /// Run only the workload at this index of the set (replays a reported violation).
@@ -180,6 +183,14 @@ pub fn run(args: &FsArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if set == "concurrent" || set == "threaded" {
+        let workloads = if set == "concurrent" {
+            concurrent(CONCURRENT_COUNT, args.streams, args.seed)
+        } else {
+            threaded(THREADED_COUNT, args.seed)
+        };
+        return run_concurrent_set(explorer, &set, &workloads, args);
+    }
     let workloads = match workload_set(&set, &start.state, args.streams, bs, args.seed) {
         Ok(w) => w,
         Err(e) => {
@@ -209,6 +220,65 @@ pub fn run(args: &FsArgs) -> ExitCode {
                 r.violations
             );
             shown = Instant::now();
+        }
+        if explorer.done() {
+            break;
+        }
+    }
+    if progress {
+        eprint!("\r\x1b[K");
+    }
+    let report = explorer.report();
+    if args.index.is_some() && !args.json {
+        println!("workload               {}", workloads[jobs[0]]);
+    }
+    print_report(&report, args.json);
+    if report.violations == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+/// Workloads of the `concurrent` set: as many as `tally-crash`'s `fs_explore_concurrent` test
+/// draws, so its reported violations replay here.
+const CONCURRENT_COUNT: usize = 24;
+/// Runs of the `threaded` set (the same test's).
+const THREADED_COUNT: usize = 48;
+
+/// `--set concurrent` or `--set threaded`: every workload of the set, or the one at `--index`.
+/// A `threaded` run's interleaving is the OS's: a replay runs the same steps, not always the
+/// same interleaving.
+fn run_concurrent_set(
+    mut explorer: FsExplorer,
+    set: &str,
+    workloads: &[ConcurrentWorkload],
+    args: &FsArgs,
+) -> ExitCode {
+    let jobs: Vec<usize> = match args.index {
+        Some(i) if i < workloads.len() => vec![i],
+        Some(i) => {
+            eprintln!("tally crash: set {set} has {} workloads, no index {i}", workloads.len());
+            return ExitCode::from(crate::EXIT_BAD_INPUT);
+        }
+        None => (0..workloads.len()).collect(),
+    };
+    let progress = std::io::stderr().is_terminal();
+    for (k, &i) in jobs.iter().enumerate() {
+        if set == "threaded" {
+            explorer.run_threads(set, i, &workloads[i]);
+        } else {
+            explorer.run_concurrent(set, i, &workloads[i]);
+        }
+        if progress {
+            let r = explorer.report();
+            eprint!(
+                "\r{}/{} workloads, {} states, {} violations ",
+                k + 1,
+                jobs.len(),
+                r.states_checked,
+                r.violations
+            );
         }
         if explorer.done() {
             break;

@@ -124,3 +124,38 @@ fn pmem_mutants_are_caught_and_need_the_pmem_medium() {
     assert_eq!(code, 2);
     assert!(err.contains("needs --medium pmem"), "{err}");
 }
+
+/// The two-thread sets of `tally-crash`'s `fs_explore_concurrent` test run from the CLI, and
+/// an index past the set is refused.
+#[test]
+fn concurrent_sets_run_from_the_cli() {
+    for set in ["concurrent", "threaded"] {
+        let (code, out, err) = tally(&["crash", "fs", "--set", set, "--index", "2", "--json"]);
+        assert_eq!(code, 0, "{set}: {err}");
+        let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!((r["workloads"].as_u64(), r["violations"].as_u64()), (Some(1), Some(0)));
+        assert!(r["crash_points_inside_ops"].as_u64().unwrap() > 0, "{set}: {out}");
+    }
+    let (code, _, err) = tally(&["crash", "fs", "--set", "threaded", "--index", "48"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("has 48 workloads"), "{err}");
+}
+
+/// A violation the concurrent set finds is replayed, the same one, by the command it prints.
+#[cfg(feature = "mutants")]
+#[test]
+fn a_concurrent_violation_replays_from_its_command() {
+    let args = ["crash", "fs", "--set", "concurrent", "--mutant", "no-dependencies"];
+    let (code, out, err) = tally(&[&args[..], &["--stop-at-first", "--json"]].concat());
+    assert_eq!(code, 1, "no-dependencies not caught by the concurrent set: {err}");
+    let first: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let first = &first["first_violation"];
+    let replay = first["replay"].as_str().unwrap();
+    let words: Vec<&str> = replay.split_whitespace().collect();
+    assert_eq!(words[0], "tally", "{replay}");
+    let (code, out, err) = tally(&[&words[1..], &["--stop-at-first", "--json"]].concat());
+    assert_eq!(code, 1, "the replay found nothing: {replay}: {err}");
+    let again: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let again = &again["first_violation"];
+    assert_eq!((&again["workload"], &again["message"]), (&first["workload"], &first["message"]));
+}
