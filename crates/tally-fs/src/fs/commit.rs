@@ -73,19 +73,19 @@ impl Fs {
         if self.mutant == Some(FsMutant::NoDependencies) {
             return Vec::new();
         }
-        let mut deps: BTreeSet<TxId> = BTreeSet::new();
-        let owners: BTreeSet<Ino> = keys.iter().map(Key::owner).collect();
-        for ino in &owners {
-            if let Some(t) = st.inodes.get(ino).and_then(|i| i.last_tx) {
-                deps.insert(t);
-            }
-        }
-        deps.extend(undo.iter().filter_map(crate::txn::Undo::last_tx));
+        // A few keys and owners per operation: a vector, sorted and deduplicated once, costs
+        // less than sets built for them.
+        let mut deps: Vec<TxId> = keys
+            .iter()
+            .filter_map(|k| st.inodes.get(&k.owner()).and_then(|i| i.last_tx))
+            .chain(undo.iter().filter_map(crate::txn::Undo::last_tx))
+            .collect();
         st.barriers.retain(|t| self.log.durable_seq(t.stream) < t.seq);
         deps.extend(st.barriers.iter().copied());
-        deps.into_iter()
-            .filter(|t| t.stream != stream && self.log.durable_seq(t.stream) < t.seq)
-            .collect()
+        deps.sort_unstable();
+        deps.dedup();
+        deps.retain(|t| t.stream != stream && self.log.durable_seq(t.stream) < t.seq);
+        deps
     }
 
     /// Write the current state of `keys` as one log transaction with version `ver`; update the
@@ -104,9 +104,8 @@ impl Fs {
         };
         let info = self.log_commit(st, built.tx)?;
         self.bookkeep(st, built.written, info, ver);
-        let owners: BTreeSet<Ino> = keys.iter().map(Key::owner).collect();
-        for ino in owners {
-            if let Some(i) = st.inodes.get_mut(&ino) {
+        for key in keys {
+            if let Some(i) = st.inodes.get_mut(&key.owner()) {
                 i.last_tx = Some(info.ticket);
             }
         }
