@@ -3,7 +3,8 @@
 //! Written by hand rather than taken from a crate because it needs exactly three properties
 //! together and nothing else: alignment to 4 KiB (O_DIRECT accepts it on every device), a
 //! stable heap address while the kernel owns it (io_uring), and zero-initialised contents so no
-//! stale heap bytes ever reach a device.
+//! stale heap bytes ever reach a device (but [`IoBuf::for_overwrite`]'s: bytes of an earlier
+//! buffer, for a caller that writes every byte it submits and cuts off the rest).
 
 use std::alloc::{self, Layout};
 use std::ops::{Deref, DerefMut};
