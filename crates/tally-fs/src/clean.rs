@@ -135,6 +135,10 @@ fn pack_lands(left: u64, blocks: u64, seg_blocks: u64) -> u64 {
 /// What is live in an old transaction: each record (and data block, read) to relocate.
 type LiveOf = Vec<(Key, Record, Option<Vec<u8>>)>;
 
+/// Live data blocks of a segment about to be cleaned, read with the state lock given up: by
+/// device block, the crc they were checked against and their bytes (`Fs::maintain`).
+type PreRead = HashMap<u64, (u32, Vec<u8>)>;
+
 /// Most data blocks cleaning reads in one request (1 MiB of 4 KiB blocks).
 const READ_RUN_BLOCKS: usize = 256;
 
@@ -164,8 +168,20 @@ impl Fs {
     /// best by cost-benefit, if relocating that frees space (`max_live_percent` of a segment at
     /// most is live). Returns whether that freed a segment or gained blocks.
     pub(crate) fn clean_some(&self, st: &mut State, max_live_percent: u64) -> Result<bool> {
-        if !st.txns.open.is_empty() {
+        let Some((stream, l)) = self.head_to_clean(st, max_live_percent)? else {
             return Ok(false);
+        };
+        let seg = u64::from(self.segment_blocks);
+        // A head less than full gains blocks even when its relocation took the fresh
+        // segment its cleaning freed (the gain shows later in the pass).
+        let r = self.clean_one(st, stream, (l.segment, l.txs), &mut PreRead::new())?;
+        Ok(r.log.segments_freed > 0 || l.live_blocks < seg)
+    }
+
+    /// The choice of [`Fs::clean_some`]: the stream whose oldest segment to clean, measured.
+    fn head_to_clean(&self, st: &State, max_live_percent: u64) -> Result<Option<(u16, Liveness)>> {
+        if !st.txns.open.is_empty() {
+            return Ok(None);
         }
         let seg = u64::from(self.segment_blocks);
         // Cost-benefit (LFS): a head's benefit is the space it frees, (1 − u), weighed by
@@ -218,12 +234,9 @@ impl Fs {
             if onto_itself && l.live_blocks + seg / 8 > seg && !dead_behind(stream)? {
                 continue;
             }
-            // A head less than full gains blocks even when its relocation took the fresh
-            // segment its cleaning freed (the gain shows later in the pass).
-            let r = self.clean_one(st, stream, (l.segment, l.txs))?;
-            return Ok(r.log.segments_freed > 0 || l.live_blocks < seg);
+            return Ok(Some((stream, l)));
         }
-        Ok(false)
+        Ok(None)
     }
 
     /// Streams that take no fresh writes (`Fs::stream_of` maps files and threads to the
@@ -261,7 +274,7 @@ impl Fs {
         let old = self.log.segment_usage(stream)?.len().saturating_sub(1);
         let mut report = FsCleanReport::default();
         for _ in 0..segments.min(old) {
-            let r = self.clean_oldest(st, stream, None)?;
+            let r = self.clean_oldest(st, stream, None, &mut PreRead::new())?;
             report.records_read += r.records_read;
             report.records_relocated += r.records_relocated;
             report.data_blocks_relocated += r.data_blocks_relocated;
@@ -282,6 +295,7 @@ impl Fs {
         st: &mut State,
         stream: u16,
         read: (u32, Vec<tally_log::RecoveredTx>),
+        pre: &mut PreRead,
     ) -> Result<FsCleanReport> {
         if !st.txns.open.is_empty() {
             return Err(FsError::Busy);
@@ -292,7 +306,7 @@ impl Fs {
         if self.log.segment_usage(stream)?.len() < 2 {
             return Ok(FsCleanReport::default());
         }
-        self.clean_oldest(st, stream, Some(read))
+        self.clean_oldest(st, stream, Some(read), pre)
     }
 
     /// Clean `stream`'s oldest segment: its live records are packed into as few transactions
@@ -305,12 +319,13 @@ impl Fs {
         st: &mut State,
         stream: u16,
         read: Option<(u32, Vec<tally_log::RecoveredTx>)>,
+        pre: &mut PreRead,
     ) -> Result<FsCleanReport> {
         let mut report = FsCleanReport::default();
-        let Some(txs) = self.oldest_transactions(stream, read)? else {
+        let Some(txs) = self.oldest_transactions(stream, read, pre)? else {
             return Ok(report);
         };
-        let (packs, seen) = self.pack_live(st, stream, &txs, &mut report)?;
+        let (packs, seen) = self.pack_live(st, stream, &txs, pre, &mut report)?;
         let (log_report, moved) = self.relocate_packs(st, stream, &txs, packs)?;
         Self::account_relocations(st, seen, &log_report, moved, &mut report);
         report.log = log_report;
@@ -319,16 +334,21 @@ impl Fs {
 
     /// Step 1 of [`Fs::clean_oldest`]: the transactions of `stream`'s oldest segment — `read`
     /// when it is still that segment's, else read again; `None` when the chain holds only the
-    /// current segment.
+    /// current segment. Blocks read ahead (`pre`) are of `read`'s segment: forgotten when it
+    /// is not used.
     fn oldest_transactions(
         &self,
         stream: u16,
         read: Option<(u32, Vec<tally_log::RecoveredTx>)>,
+        pre: &mut PreRead,
     ) -> Result<Option<Vec<tally_log::RecoveredTx>>> {
         let oldest = self.log.segment_usage(stream)?.first().map(|u| u.segment);
         Ok(match read {
             Some((segment, txs)) if Some(segment) == oldest => Some(txs),
-            _ => self.log.oldest_segment_transactions(stream)?.map(|(_, txs)| txs),
+            _ => {
+                pre.clear();
+                self.log.oldest_segment_transactions(stream)?.map(|(_, txs)| txs)
+            }
         })
     }
 
@@ -340,6 +360,7 @@ impl Fs {
         st: &mut State,
         stream: u16,
         txs: &[tally_log::RecoveredTx],
+        pre: &mut PreRead,
         report: &mut FsCleanReport,
     ) -> Result<(Packs, Vec<Key>)> {
         let bs = u64::from(self.bs);
@@ -359,7 +380,7 @@ impl Fs {
         let mut packs: Vec<(TxId, Pack)> = Vec::new();
         let mut open = Pack::new(to);
         for rtx in txs {
-            let live = self.live_of(st, rtx, tombstones_kept, &mut seen, report)?;
+            let live = self.live_of(st, rtx, tombstones_kept, &mut seen, pre, report)?;
             for (key, rec, block) in live {
                 let bytes = PER_RECORD + rec.encode().len() as u64;
                 // A pack is cut to the blocks left in the segment it will land in, so packs
@@ -490,6 +511,7 @@ impl Fs {
         rtx: &tally_log::RecoveredTx,
         tombstones_kept: bool,
         seen: &mut Vec<Key>,
+        pre: &mut PreRead,
         report: &mut FsCleanReport,
     ) -> Result<LiveOf> {
         let mut out = Vec::new();
@@ -509,6 +531,12 @@ impl Fs {
             if let Record::Extent { ino, block, data, crc, .. } = rec {
                 if data != DATA_HOLE {
                     let at = rtx.data_start + u64::from(data);
+                    // Read with the lock given up (`Fs::maintain`): the block of this record
+                    // in a segment not freed since, its crc checked when read.
+                    if let Some((_, bytes)) = pre.remove(&at).filter(|(c, _)| *c == crc) {
+                        out.push((key, rec, Some(bytes)));
+                        continue;
+                    }
                     wanted.push(Wanted { out: out.len(), at, crc, ino, block });
                 }
             }
@@ -520,9 +548,31 @@ impl Fs {
 
     /// Read the live data blocks `wanted` into `out`, each run of adjacent blocks (at most
     /// [`READ_RUN_BLOCKS`]) in one request, and check each block's crc. One request per block
-    /// made cleaning a segment of small files some thousands of 4 KiB reads, all under the
-    /// state lock (issue 16's mixed run).
+    /// made cleaning a segment of small files some thousands of 4 KiB reads (issue 16's mixed
+    /// run).
     fn read_live_blocks(&self, wanted: &mut [Wanted], out: &mut LiveOf) -> Result<()> {
+        self.read_runs(wanted, |w, bytes| {
+            if crc32c::crc32c(bytes) != w.crc {
+                return Err(LogError::Corrupted {
+                    what: "data block",
+                    block: w.at,
+                    reason: format!("checksum mismatch (block {} of inode {})", w.block, w.ino),
+                }
+                .into());
+            }
+            if let Some(slot) = out.get_mut(w.out) {
+                slot.2 = Some(bytes.to_vec());
+            }
+            Ok(())
+        })
+    }
+
+    /// Call `each` with every block of `wanted` as read, in runs of adjacent blocks.
+    fn read_runs(
+        &self,
+        wanted: &mut [Wanted],
+        mut each: impl FnMut(&Wanted, &[u8]) -> Result<()>,
+    ) -> Result<()> {
         wanted.sort_unstable_by_key(|w| w.at);
         let bs = self.bs as usize;
         let mut rest: &[Wanted] = wanted;
@@ -538,20 +588,66 @@ impl Fs {
             let mut buf = vec![0u8; run * bs];
             self.log.device().read(first.at, &mut buf).map_err(LogError::from)?;
             for (w, bytes) in now.iter().zip(buf.chunks_exact(bs)) {
-                if crc32c::crc32c(bytes) != w.crc {
-                    return Err(LogError::Corrupted {
-                        what: "data block",
-                        block: w.at,
-                        reason: format!("checksum mismatch (block {} of inode {})", w.block, w.ino),
-                    }
-                    .into());
-                }
-                if let Some(slot) = out.get_mut(w.out) {
-                    slot.2 = Some(bytes.to_vec());
-                }
+                each(w, bytes)?;
             }
         }
         Ok(())
+    }
+
+    /// The data blocks of `txs` live now (judged under the state lock), to read once it is
+    /// given up ([`Fs::read_ahead_unlocked`]).
+    fn live_blocks_wanted(st: &State, txs: &[tally_log::RecoveredTx]) -> Vec<Wanted> {
+        let mut wanted = Vec::new();
+        for rtx in txs {
+            for bytes in &rtx.records {
+                // A record that does not decode is reported by the cleaning itself.
+                let Ok(rec) = Record::decode(bytes) else { continue };
+                let Record::Extent { ino, block, data, crc, .. } = rec else { continue };
+                if data == DATA_HOLE || !live(st, &rec, &Key::of(&rec), true) {
+                    continue;
+                }
+                let at = rtx.data_start + u64::from(data);
+                wanted.push(Wanted { out: 0, at, crc, ino, block });
+            }
+        }
+        wanted
+    }
+
+    /// Read `wanted` with no file-system lock held. Why that is sound: the blocks lie in a
+    /// segment not yet cleaned, and a segment's blocks never change until it is freed; the
+    /// cleaning that uses them runs under the state lock on transactions read before
+    /// (`oldest_transactions` checks the segment is still the stream's oldest, and the log
+    /// cleans only if it reads exactly those transactions, whose ids are never reused), judges
+    /// each record live again, and takes a block read here only for a record still live, at the
+    /// same device block and with the same crc (checked here against the bytes). A block not
+    /// read here (an error, a crc mismatch, a record live again after an abort) is read under
+    /// the lock as before, and reported there.
+    fn read_ahead_unlocked(&self, wanted: &mut [Wanted]) -> PreRead {
+        let mut pre = PreRead::new();
+        let _ = self.read_runs(wanted, |w, bytes| {
+            if crc32c::crc32c(bytes) == w.crc {
+                pre.insert(w.at, (w.crc, bytes.to_vec()));
+            }
+            Ok(())
+        });
+        pre
+    }
+
+    /// Before cleaning the segment of `txs` (chosen under `st`): give the state lock up, make
+    /// the log durable (so the durable waits cleaning makes under the lock — the log's read
+    /// horizon, and the flush before its checkpoint frees the segment — cover only what is
+    /// committed meanwhile and the relocations) and read the live data blocks, then take the
+    /// lock again.
+    fn prepare_unlocked<'a>(
+        &'a self,
+        st: MutexGuard<'a, State>,
+        txs: &[tally_log::RecoveredTx],
+    ) -> Result<(MutexGuard<'a, State>, PreRead)> {
+        let mut wanted = Self::live_blocks_wanted(&st, txs);
+        drop(st);
+        self.log.sync().map_err(|e| self.fail(e))?;
+        let pre = self.read_ahead_unlocked(&mut wanted);
+        Ok((lock(&self.state)?, pre))
     }
 }
 
@@ -653,7 +749,8 @@ impl Fs {
                 self.prune_cache(&mut st);
             }
         }
-        let total = self.log.device().geometry().block_count / u64::from(self.segment_blocks);
+        let seg = u64::from(self.segment_blocks);
+        let total = self.log.device().geometry().block_count / seg;
         // The state lock is taken for one segment at a time and given up between segments (as
         // many calls of `Fs::clean` would): a round may clean hundreds of segments after a
         // burst of overwrites (each read, checked and its live part moved), and operations
@@ -675,9 +772,17 @@ impl Fs {
                     break;
                 }
                 let Some(read) = self.oldest_mostly_dead(&mut st, stream)? else { break };
-                let before = self.log.free_segments();
-                let cleaned = self.clean_one(&mut st, stream, read);
                 held = taken.elapsed();
+                let (mut st, mut pre) = self.prepare_unlocked(st, &read.1)?;
+                // A transaction opened while the lock was given up: cleaning waits for a round
+                // without one (`clean_one` would say `EBUSY`).
+                if !st.txns.open.is_empty() {
+                    break;
+                }
+                let taken = std::time::Instant::now();
+                let before = self.log.free_segments();
+                let cleaned = self.clean_one(&mut st, stream, read, &mut pre);
+                held += taken.elapsed();
                 match cleaned {
                     Ok(_) => {
                         report.mostly_dead_cleaned += 1;
@@ -689,26 +794,36 @@ impl Fs {
             }
         }
         for _ in 0..total {
-            let mut st = step(&mut held)?;
+            let st = step(&mut held)?;
             let taken = std::time::Instant::now();
             let free = u64::from(self.log.free_segments());
             if free * 100 >= total * CLEAN_BELOW_FREE_PERCENT {
                 break;
             }
-            let before = self.log.free_segments();
-            let cleaned = self.clean_some(&mut st, MAINTAIN_MAX_LIVE_PERCENT);
+            let Some((stream, l)) = self.head_to_clean(&st, MAINTAIN_MAX_LIVE_PERCENT)? else {
+                break;
+            };
             held = taken.elapsed();
+            let (mut st, mut pre) = self.prepare_unlocked(st, &l.txs)?;
+            if !st.txns.open.is_empty() {
+                break;
+            }
+            let taken = std::time::Instant::now();
+            let before = self.log.free_segments();
+            let cleaned = self.clean_one(&mut st, stream, (l.segment, l.txs), &mut pre);
+            held += taken.elapsed();
             match cleaned {
-                Ok(true) => {
+                // As `Fs::clean_some`: a head less than full gains blocks.
+                Ok(r) if r.log.segments_freed > 0 || l.live_blocks < seg => {
                     report.segments_freed += self.log.free_segments().saturating_sub(before)
                 }
-                Ok(false) | Err(FsError::NoSpace) => break,
+                Ok(_) | Err(FsError::NoSpace) => break,
                 Err(e) => return Err(e),
             }
         }
-        let mut st = lock(&self.state)?;
-        // Explicit transactions' commits, and anything else past the replay budget.
-        self.checkpoint_due_locked(&mut st)?;
+        // Explicit transactions' commits, and anything else past the replay budget: the long
+        // part of the durable wait without the state lock, as after an operation.
+        self.checkpoint_if_due()?;
         Ok(report)
     }
 }
@@ -862,6 +977,131 @@ mod tests {
     use crate::{Fs, MkfsOptions, MountOptions, Owner, ROOT};
 
     const ME: Owner = Owner { uid: 1000, gid: 1000 };
+
+    /// A memory device that holds, once armed, the first one-block read of `block` until
+    /// released (the read-ahead of that live block by `Fs::maintain`).
+    struct Gate {
+        inner: MemDevice,
+        block: std::sync::atomic::AtomicU64,
+        /// (a read is held, released)
+        state: std::sync::Mutex<(bool, bool)>,
+        cv: std::sync::Condvar,
+    }
+
+    impl Device for Gate {
+        fn geometry(&self) -> tally_media::Geometry {
+            self.inner.geometry()
+        }
+        fn read(&self, block: u64, buf: &mut [u8]) -> tally_media::Result<()> {
+            let armed = self.block.load(std::sync::atomic::Ordering::SeqCst);
+            if block == armed
+                && buf.len() == 4096
+                && self.block.compare_exchange(armed, u64::MAX, SeqCst, SeqCst).is_ok()
+            {
+                let mut g = self.state.lock().unwrap();
+                g.0 = true;
+                self.cv.notify_all();
+                while !g.1 {
+                    g = self.cv.wait(g).unwrap();
+                }
+            }
+            self.inner.read(block, buf)
+        }
+        fn submit(
+            &self,
+            writes: Vec<tally_media::Write>,
+            flags: tally_media::WriteFlags,
+        ) -> tally_media::Result<tally_media::Ticket> {
+            self.inner.submit(writes, flags)
+        }
+        fn wait(&self, ticket: tally_media::Ticket) -> tally_media::Result<()> {
+            self.inner.wait(ticket)
+        }
+        fn flush(&self) -> tally_media::Result<()> {
+            self.inner.flush()
+        }
+        fn stats(&self) -> tally_media::DeviceStats {
+            self.inner.stats()
+        }
+    }
+
+    use std::sync::atomic::Ordering::SeqCst;
+
+    /// `Fs::maintain` reads a live data block of the segment it cleans with the state lock
+    /// given up: while that read is held, other operations go on (before, it was read under
+    /// the lock, and they waited). Then, with `overwrite`, the block is overwritten while it is
+    /// read: the cleaning, under the lock again, finds its record dead and does not relocate
+    /// the stale bytes read ahead (the file reads the new bytes, before and after a remount).
+    fn maintain_reads_ahead_unlocked(overwrite: bool) {
+        let gate = Arc::new(Gate {
+            inner: MemDevice::new(4096, 4096).unwrap(),
+            block: std::sync::atomic::AtomicU64::new(u64::MAX),
+            state: std::sync::Mutex::new((false, false)),
+            cv: std::sync::Condvar::new(),
+        });
+        let dev: Arc<dyn Device> = gate.clone();
+        Fs::mkfs(dev.clone(), &MkfsOptions { streams: 1, segment_blocks: 64, uuid: None }).unwrap();
+        let fs = Arc::new(Fs::mount(dev.clone(), MountOptions::default()).unwrap());
+        let a = fs.create(None, ROOT, b"a", 0o644, ME).unwrap().ino;
+        fs.write(None, a, 0, &[1; 40 * 4096]).unwrap();
+        let b = fs.create(None, ROOT, b"b", 0o644, ME).unwrap().ino;
+        fs.write(None, b, 0, &[2; 40 * 4096]).unwrap();
+        // All of `a` but its first block dies: the oldest segment is mostly dead.
+        fs.write(None, a, 4096, &[3; 39 * 4096]).unwrap();
+        fs.sync().unwrap();
+        let at = {
+            let st = crate::fs::lock(&fs.state).unwrap();
+            st.inodes.get(&a).and_then(|i| i.blocks.get(&0)).unwrap().addr
+        };
+        gate.block.store(at, SeqCst);
+        let cleaner = {
+            let fs = fs.clone();
+            std::thread::spawn(move || fs.maintain().unwrap())
+        };
+        {
+            let g = gate.state.lock().unwrap();
+            let (g, t) =
+                gate.cv.wait_timeout_while(g, std::time::Duration::from_secs(5), |s| !s.0).unwrap();
+            assert!(!t.timed_out() && g.0, "maintain did not read the live block");
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let other = fs.clone();
+        std::thread::spawn(move || {
+            let c = other.create(None, ROOT, b"c", 0o644, ME).unwrap().ino;
+            other.write(None, c, 0, &[4; 4096]).unwrap();
+            if overwrite {
+                other.write(None, a, 0, &[5; 4096]).unwrap();
+            }
+            let _ = tx.send(());
+        });
+        let prompt = rx.recv_timeout(std::time::Duration::from_secs(5));
+        *gate.state.lock().unwrap() = (true, true);
+        gate.cv.notify_all();
+        assert!(prompt.is_ok(), "operations waited for a read maintain made under the lock");
+        let report = cleaner.join().unwrap();
+        assert!(report.mostly_dead_cleaned >= 1, "{report:?}");
+        let first = if overwrite { 5 } else { 1 };
+        let want: Vec<u8> = [vec![first; 4096], vec![3; 39 * 4096]].concat();
+        assert_eq!(fs.read(a, 0, 40 * 4096).unwrap(), want, "before the remount");
+        assert_eq!(fs.read(b, 0, 40 * 4096).unwrap(), vec![2; 40 * 4096]);
+        fs.sync().unwrap();
+        assert!(fs.fsck().is_clean());
+        drop(fs);
+        let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+        assert_eq!(fs.read(a, 0, 40 * 4096).unwrap(), want, "after the remount");
+        assert_eq!(fs.read(b, 0, 40 * 4096).unwrap(), vec![2; 40 * 4096]);
+        assert!(fs.fsck().is_clean());
+    }
+
+    #[test]
+    fn maintain_reads_live_blocks_without_the_state_lock() {
+        maintain_reads_ahead_unlocked(false);
+    }
+
+    #[test]
+    fn a_block_overwritten_while_read_ahead_is_not_relocated() {
+        maintain_reads_ahead_unlocked(true);
+    }
 
     #[test]
     fn streams_kept_for_cleaning_are_none_up_to_two_one_of_three_two_from_four() {
