@@ -166,19 +166,31 @@ impl Fs {
 
     /// When space is low: clean the oldest segment of the stream whose oldest segment scores
     /// best by cost-benefit, if relocating that frees space (`max_live_percent` of a segment at
-    /// most is live). Returns whether that freed a segment or gained blocks.
-    pub(crate) fn clean_some(&self, st: &mut State, max_live_percent: u64) -> Result<bool> {
-        let Some((stream, l)) = self.head_to_clean(st, max_live_percent)? else {
-            return Ok(false);
+    /// most is live). The lock is given up while the chosen segment's live data blocks are
+    /// read and the log is made durable, as `Fs::maintain` does (`prepare_unlocked`). Returns
+    /// the lock taken again (or still held), and whether that freed a segment or gained blocks.
+    pub(crate) fn clean_some<'a>(
+        &'a self,
+        st: MutexGuard<'a, State>,
+        max_live_percent: u64,
+    ) -> Result<(MutexGuard<'a, State>, Result<bool>)> {
+        let (stream, l) = match self.head_to_clean(&st, max_live_percent) {
+            Ok(Some(chosen)) => chosen,
+            Ok(None) => return Ok((st, Ok(false))),
+            Err(e) => return Ok((st, Err(e))),
         };
+        let (mut st, mut pre) = self.prepare_unlocked(st, &l.txs)?;
+        if !st.txns.open.is_empty() {
+            return Ok((st, Ok(false)));
+        }
         let seg = u64::from(self.segment_blocks);
-        // A head less than full gains blocks even when its relocation took the fresh
-        // segment its cleaning freed (the gain shows later in the pass).
-        let r = self.clean_one(st, stream, (l.segment, l.txs), &mut PreRead::new())?;
-        Ok(r.log.segments_freed > 0 || l.live_blocks < seg)
+        let cleaned = self.clean_one(&mut st, stream, (l.segment, l.txs), &mut pre);
+        let gained = cleaned.map(|r| r.log.segments_freed > 0 || l.live_blocks < seg);
+        Ok((st, gained))
     }
 
-    /// The choice of [`Fs::clean_some`]: the stream whose oldest segment to clean, measured.
+    /// The choice of [`Fs::clean_some`] (under the lock): the stream whose oldest segment to
+    /// clean, measured.
     fn head_to_clean(&self, st: &State, max_live_percent: u64) -> Result<Option<(u16, Liveness)>> {
         if !st.txns.open.is_empty() {
             return Ok(None);
@@ -995,7 +1007,6 @@ mod tests {
         fn read(&self, block: u64, buf: &mut [u8]) -> tally_media::Result<()> {
             let armed = self.block.load(std::sync::atomic::Ordering::SeqCst);
             if block == armed
-                && buf.len() == 4096
                 && self.block.compare_exchange(armed, u64::MAX, SeqCst, SeqCst).is_ok()
             {
                 let mut g = self.state.lock().unwrap();
@@ -1090,6 +1101,69 @@ mod tests {
         let fs = Fs::mount(dev, MountOptions::default()).unwrap();
         assert_eq!(fs.read(a, 0, 40 * 4096).unwrap(), want, "after the remount");
         assert_eq!(fs.read(b, 0, 40 * 4096).unwrap(), vec![2; 40 * 4096]);
+        assert!(fs.fsck().is_clean());
+    }
+
+    /// Cleaning when space is low, before a write (`Fs::clean_for_space`), reads the live
+    /// blocks of the segment it cleans with the state lock given up: while that read is held,
+    /// operations that need no device I/O (a lookup, a getattr) go on.
+    #[test]
+    fn low_space_cleaning_reads_live_blocks_without_the_state_lock() {
+        let gate = Arc::new(Gate {
+            inner: MemDevice::new(4096, 1024).unwrap(),
+            block: std::sync::atomic::AtomicU64::new(u64::MAX),
+            state: std::sync::Mutex::new((false, false)),
+            cv: std::sync::Condvar::new(),
+        });
+        let dev: Arc<dyn Device> = gate.clone();
+        Fs::mkfs(dev.clone(), &MkfsOptions { streams: 1, segment_blocks: 64, uuid: None }).unwrap();
+        let fs = Arc::new(Fs::mount(dev.clone(), MountOptions::default()).unwrap());
+        // A cold file at the head of the only stream, then a hot one overwritten until space
+        // runs low: the head, cleaned first, holds the cold file's live blocks.
+        let cold = fs.create(None, ROOT, b"cold", 0o644, ME).unwrap().ino;
+        fs.write(None, cold, 0, &[1; 20 * 4096]).unwrap();
+        fs.sync().unwrap();
+        let at = {
+            let st = crate::fs::lock(&fs.state).unwrap();
+            st.inodes.get(&cold).and_then(|i| i.blocks.get(&0)).unwrap().addr
+        };
+        let hot = fs.create(None, ROOT, b"hot", 0o644, ME).unwrap().ino;
+        gate.block.store(at, SeqCst);
+        let writer = {
+            let fs = fs.clone();
+            std::thread::spawn(move || {
+                for round in 0..2000u32 {
+                    fs.write(None, hot, 0, &[round as u8; 8 * 4096]).unwrap();
+                    fs.fsync(hot).unwrap();
+                }
+            })
+        };
+        {
+            let g = gate.state.lock().unwrap();
+            let (g, t) = gate
+                .cv
+                .wait_timeout_while(g, std::time::Duration::from_secs(10), |s| !s.0)
+                .unwrap();
+            assert!(!t.timed_out() && g.0, "cleaning did not read the cold file's block");
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let other = fs.clone();
+        std::thread::spawn(move || {
+            let _ = other.lookup(ROOT, b"cold").unwrap();
+            let _ = other.getattr(hot).unwrap();
+            let _ = tx.send(());
+        });
+        let prompt = rx.recv_timeout(std::time::Duration::from_secs(5));
+        *gate.state.lock().unwrap() = (true, true);
+        gate.cv.notify_all();
+        assert!(prompt.is_ok(), "operations waited for a read cleaning made under the lock");
+        writer.join().unwrap();
+        assert_eq!(fs.read(cold, 0, 20 * 4096).unwrap(), vec![1; 20 * 4096]);
+        fs.sync().unwrap();
+        assert!(fs.fsck().is_clean());
+        drop(fs);
+        let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+        assert_eq!(fs.read(cold, 0, 20 * 4096).unwrap(), vec![1; 20 * 4096]);
         assert!(fs.fsck().is_clean());
     }
 

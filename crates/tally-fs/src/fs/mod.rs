@@ -706,7 +706,10 @@ impl Fs {
             if !self.cleaning_due(&mut st) {
                 return Ok(());
             }
-            match self.clean_some(&mut st, 100) {
+            // The segment's live blocks are read with the state lock given up (`clean.rs`).
+            let (held, cleaned) = self.clean_some(st, 100)?;
+            st = held;
+            match cleaned {
                 Ok(true) => {}
                 Ok(false) | Err(FsError::NoSpace) => break,
                 Err(e) => return Err(e),
