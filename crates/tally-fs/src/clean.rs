@@ -234,7 +234,7 @@ impl Fs {
             Ok(dead >= seg)
         };
         for (_, _, stream) in ranked {
-            let Some(l) = self.measure_oldest_of(st, stream)? else { continue };
+            let Some(l) = self.measure_oldest_of(st, stream, None)? else { continue };
             if !gains(l.live_blocks) {
                 continue;
             }
@@ -778,13 +778,24 @@ impl Fs {
         // Thorough cleaning: a stream's oldest segment less than half live is worth moving.
         for stream in 0..self.streams {
             for _ in 0..total {
-                let mut st = step(&mut held)?;
+                let st = step(&mut held)?;
+                let taken = std::time::Instant::now();
+                if !st.txns.open.is_empty() || !self.measure_due(&st, stream)? {
+                    break;
+                }
+                held = taken.elapsed();
+                // The segment's records are read with the lock given up too (measuring checks
+                // it is still the stream's oldest, else reads it again).
+                drop(st);
+                let Some(ahead) = self.log.oldest_segment_transactions(stream)? else { break };
+                let mut st = lock(&self.state)?;
                 let taken = std::time::Instant::now();
                 if !st.txns.open.is_empty() {
                     break;
                 }
-                let Some(read) = self.oldest_mostly_dead(&mut st, stream)? else { break };
-                held = taken.elapsed();
+                let measured = self.measure_oldest(&mut st, stream, Some(ahead));
+                held += taken.elapsed();
+                let Some(read) = measured? else { break };
                 let (mut st, mut pre) = self.prepare_unlocked(st, &read.1)?;
                 // A transaction opened while the lock was given up: cleaning waits for a round
                 // without one (`clean_one` would say `EBUSY`).
@@ -841,32 +852,29 @@ impl Fs {
 }
 
 impl Fs {
-    /// Is less than half of `stream`'s oldest segment (bytes of records and data blocks) live?
-    /// Measured by reading the segment; not measured again for the same segment until data
-    /// blocks amounting to half a segment have died since (records only ever die).
-    /// Returns the segment and its transactions, as read to measure it, when it is.
-    fn oldest_mostly_dead(
-        &self,
-        st: &mut State,
-        stream: u16,
-    ) -> Result<Option<(u32, Vec<tally_log::RecoveredTx>)>> {
+    /// Is `stream`'s oldest segment worth measuring ([`Fs::measure_oldest`])? Not measured again
+    /// for the same segment until data blocks amounting to half a segment have died since
+    /// (records only ever die).
+    fn measure_due(&self, st: &State, stream: u16) -> Result<bool> {
         let Some(&(segment, dead_then)) = st.liveness_checked.get(&stream) else {
-            return self.measure_oldest(st, stream);
+            return Ok(true);
         };
         let current = self.log.segment_usage(stream)?.first().map(|u| u.segment);
         let died = st.dead_blocks.saturating_sub(dead_then);
-        if current == Some(segment) && died < u64::from(self.segment_blocks / 2) {
-            return Ok(None);
-        }
-        self.measure_oldest(st, stream)
+        Ok(current != Some(segment) || died >= u64::from(self.segment_blocks / 2))
     }
 
+    /// Is less than half of `stream`'s oldest segment (bytes of records and data blocks) live?
+    /// Measured on `ahead` (its transactions as `Fs::maintain` read them with the lock given
+    /// up) while that is still the stream's oldest segment, else on the segment read now.
+    /// Returns the segment and its transactions when it is.
     fn measure_oldest(
         &self,
         st: &mut State,
         stream: u16,
+        ahead: Option<(u32, Vec<tally_log::RecoveredTx>)>,
     ) -> Result<Option<(u32, Vec<tally_log::RecoveredTx>)>> {
-        let Some(l) = self.measure_oldest_of(st, stream)? else { return Ok(None) };
+        let Some(l) = self.measure_oldest_of(st, stream, ahead)? else { return Ok(None) };
         let mostly_dead = l.alive_bytes * 2 < l.total_bytes;
         if !mostly_dead {
             st.liveness_checked.insert(stream, (l.segment, st.dead_blocks));
@@ -875,10 +883,23 @@ impl Fs {
         Ok(Some((l.segment, l.txs)))
     }
 
-    /// How much of `stream`'s oldest segment is live, read from the device; `None` when the
-    /// stream has only its current segment.
-    fn measure_oldest_of(&self, st: &State, stream: u16) -> Result<Option<Liveness>> {
-        let Some((segment, txs)) = self.log.oldest_segment_transactions(stream)? else {
+    /// How much of `stream`'s oldest segment is live, read from the device (or `ahead`, if that
+    /// is still the oldest segment's: a segment's transactions never change until it is
+    /// freed, and the cleaning that follows checks their ids against the log's); `None` when
+    /// the stream has only its current segment.
+    fn measure_oldest_of(
+        &self,
+        st: &State,
+        stream: u16,
+        ahead: Option<(u32, Vec<tally_log::RecoveredTx>)>,
+    ) -> Result<Option<Liveness>> {
+        let chain = self.log.segment_usage(stream)?;
+        let oldest = chain.first().filter(|_| chain.len() > 1).map(|u| u.segment);
+        let read = match ahead {
+            Some((segment, txs)) if Some(segment) == oldest => Some((segment, txs)),
+            _ => self.log.oldest_segment_transactions(stream)?,
+        };
+        let Some((segment, txs)) = read else {
             return Ok(None);
         };
         let bs = u64::from(self.bs);
@@ -990,8 +1011,8 @@ mod tests {
 
     const ME: Owner = Owner { uid: 1000, gid: 1000 };
 
-    /// A memory device that holds, once armed, the first one-block read of `block` until
-    /// released (the read-ahead of that live block by `Fs::maintain`).
+    /// A memory device that holds, once armed, the first read of `block` (of any block when
+    /// armed with [`ANY_BLOCK`]) until released.
     struct Gate {
         inner: MemDevice,
         block: std::sync::atomic::AtomicU64,
@@ -1006,7 +1027,7 @@ mod tests {
         }
         fn read(&self, block: u64, buf: &mut [u8]) -> tally_media::Result<()> {
             let armed = self.block.load(std::sync::atomic::Ordering::SeqCst);
-            if block == armed
+            if (block == armed || armed == ANY_BLOCK)
                 && self.block.compare_exchange(armed, u64::MAX, SeqCst, SeqCst).is_ok()
             {
                 let mut g = self.state.lock().unwrap();
@@ -1038,12 +1059,17 @@ mod tests {
 
     use std::sync::atomic::Ordering::SeqCst;
 
+    /// [`Gate`] armed for the next read, whatever block it reads.
+    const ANY_BLOCK: u64 = u64::MAX - 1;
+
     /// `Fs::maintain` reads a live data block of the segment it cleans with the state lock
     /// given up: while that read is held, other operations go on (before, it was read under
     /// the lock, and they waited). Then, with `overwrite`, the block is overwritten while it is
     /// read: the cleaning, under the lock again, finds its record dead and does not relocate
     /// the stale bytes read ahead (the file reads the new bytes, before and after a remount).
-    fn maintain_reads_ahead_unlocked(overwrite: bool) {
+    /// With `segment`, the read held is `maintain`'s first, that of the oldest segment's
+    /// records to measure it (the operations meanwhile read nothing).
+    fn maintain_reads_ahead_unlocked(overwrite: bool, segment: bool) {
         let gate = Arc::new(Gate {
             inner: MemDevice::new(4096, 4096).unwrap(),
             block: std::sync::atomic::AtomicU64::new(u64::MAX),
@@ -1064,7 +1090,7 @@ mod tests {
             let st = crate::fs::lock(&fs.state).unwrap();
             st.inodes.get(&a).and_then(|i| i.blocks.get(&0)).unwrap().addr
         };
-        gate.block.store(at, SeqCst);
+        gate.block.store(if segment { ANY_BLOCK } else { at }, SeqCst);
         let cleaner = {
             let fs = fs.clone();
             std::thread::spawn(move || fs.maintain().unwrap())
@@ -1169,12 +1195,17 @@ mod tests {
 
     #[test]
     fn maintain_reads_live_blocks_without_the_state_lock() {
-        maintain_reads_ahead_unlocked(false);
+        maintain_reads_ahead_unlocked(false, false);
+    }
+
+    #[test]
+    fn maintain_reads_the_segment_it_measures_without_the_state_lock() {
+        maintain_reads_ahead_unlocked(false, true);
     }
 
     #[test]
     fn a_block_overwritten_while_read_ahead_is_not_relocated() {
-        maintain_reads_ahead_unlocked(true);
+        maintain_reads_ahead_unlocked(true, false);
     }
 
     #[test]
