@@ -209,9 +209,9 @@ impl Fs {
         let live = self.live_data_by_segment(st);
         let mut ranked: Vec<(f64, usize, u16)> = Vec::new();
         for s in 0..self.streams {
-            let chain = self.log.segment_usage(s)?;
+            let chain = self.log.chain(s)?;
             let Some(head) = chain.first().filter(|_| chain.len() > 1) else { continue };
-            let l = live.get(&head.segment).copied().unwrap_or_default();
+            let l = live.get(head).copied().unwrap_or_default();
             let u = (l.blocks as f64 / seg as f64).min(1.0);
             let age = st.next_ver.saturating_sub(l.youngest_ver).max(1) as f64;
             ranked.push(((1.0 - u) * age / (1.0 + u), chain.len(), s));
@@ -225,11 +225,11 @@ impl Fs {
         // At least a segment's worth of blocks not holding live data between the head and the
         // current segment of `stream`'s chain.
         let dead_behind = |stream: u16| -> Result<bool> {
-            let chain = self.log.segment_usage(stream)?;
+            let chain = self.log.chain(stream)?;
             let behind = chain.get(1..chain.len().saturating_sub(1)).unwrap_or_default();
             let dead: u64 = behind
                 .iter()
-                .map(|u| seg.saturating_sub(live.get(&u.segment).map_or(0, |l| l.blocks)))
+                .map(|s| seg.saturating_sub(live.get(s).map_or(0, |l| l.blocks)))
                 .sum();
             Ok(dead >= seg)
         };
@@ -283,7 +283,7 @@ impl Fs {
         if let Some(e) = &st.failed {
             return Err(FsError::read_only(e));
         }
-        let old = self.log.segment_usage(stream)?.len().saturating_sub(1);
+        let old = self.log.chain(stream)?.len().saturating_sub(1);
         let mut report = FsCleanReport::default();
         for _ in 0..segments.min(old) {
             let r = self.clean_oldest(st, stream, None, &mut PreRead::new())?;
@@ -315,7 +315,7 @@ impl Fs {
         if let Some(e) = &st.failed {
             return Err(FsError::read_only(e));
         }
-        if self.log.segment_usage(stream)?.len() < 2 {
+        if self.log.chain(stream)?.len() < 2 {
             return Ok(FsCleanReport::default());
         }
         self.clean_oldest(st, stream, Some(read), pre)
@@ -354,7 +354,7 @@ impl Fs {
         read: Option<(u32, Vec<tally_log::RecoveredTx>)>,
         pre: &mut PreRead,
     ) -> Result<Option<Vec<tally_log::RecoveredTx>>> {
-        let oldest = self.log.segment_usage(stream)?.first().map(|u| u.segment);
+        let oldest = self.log.chain(stream)?.first().copied();
         Ok(match read {
             Some((segment, txs)) if Some(segment) == oldest => Some(txs),
             _ => {
@@ -859,7 +859,7 @@ impl Fs {
         let Some(&(segment, dead_then)) = st.liveness_checked.get(&stream) else {
             return Ok(true);
         };
-        let current = self.log.segment_usage(stream)?.first().map(|u| u.segment);
+        let current = self.log.chain(stream)?.first().copied();
         let died = st.dead_blocks.saturating_sub(dead_then);
         Ok(current != Some(segment) || died >= u64::from(self.segment_blocks / 2))
     }
@@ -893,8 +893,8 @@ impl Fs {
         stream: u16,
         ahead: Option<(u32, Vec<tally_log::RecoveredTx>)>,
     ) -> Result<Option<Liveness>> {
-        let chain = self.log.segment_usage(stream)?;
-        let oldest = chain.first().filter(|_| chain.len() > 1).map(|u| u.segment);
+        let chain = self.log.chain(stream)?;
+        let oldest = chain.first().filter(|_| chain.len() > 1).copied();
         let read = match ahead {
             Some((segment, txs)) if Some(segment) == oldest => Some((segment, txs)),
             _ => self.log.oldest_segment_transactions(stream)?,

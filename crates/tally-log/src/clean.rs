@@ -124,14 +124,31 @@ impl Log {
             .iter()
             .map(|&segment| SegmentUsage { segment, ..SegmentUsage::default() })
             .collect();
+        // One pass over the placed transactions (tens of thousands after an untar), each
+        // found in the chain by its segment: a search of the chain per transaction made this
+        // quadratic, and it runs with the stream's lock held.
+        let at: HashMap<u32, usize> = st.chain.iter().enumerate().map(|(i, &s)| (s, i)).collect();
         for p in &st.placed {
-            if let Some(u) = out.iter_mut().find(|u| u.segment == p.end_segment) {
+            if let Some(u) = at.get(&p.end_segment).and_then(|&i| out.get_mut(i)) {
                 u.transactions += 1;
                 u.records += u64::from(p.records);
                 u.dead_records += u64::from(p.dead);
             }
         }
         Ok(out)
+    }
+
+    /// The segments of `stream`'s chain since its checkpoint, oldest first: what
+    /// [`Log::segment_usage`] gives without counting the transactions in each.
+    ///
+    /// # Errors
+    /// An unknown stream.
+    pub fn chain(&self, stream: u16) -> Result<Vec<u32>> {
+        let st = self
+            .streams
+            .get(usize::from(stream))
+            .ok_or_else(|| LogError::Invalid(format!("no stream {stream}")))?;
+        Ok(lock(st).chain.iter().copied().collect())
     }
 
     /// Every transaction of `stream` since its checkpoint, read from the device, oldest first,
