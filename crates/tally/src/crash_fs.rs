@@ -198,6 +198,18 @@ pub fn run(args: &FsArgs) -> ExitCode {
             return ExitCode::from(crate::EXIT_BAD_INPUT);
         }
     };
+    run_jobs(&mut explorer, &set, &workloads, args, |ex, i, w| ex.run(&set, i, w))
+}
+
+/// Run every workload of `set` with `run`, or the one at `--index`, with a progress line on a
+/// terminal; print the report; exit 0 when nothing was violated, 1 when something was.
+fn run_jobs<W: std::fmt::Display>(
+    explorer: &mut FsExplorer,
+    set: &str,
+    workloads: &[W],
+    args: &FsArgs,
+    mut run: impl FnMut(&mut FsExplorer, usize, &W),
+) -> ExitCode {
     let jobs: Vec<usize> = match args.index {
         Some(i) if i < workloads.len() => vec![i],
         Some(i) => {
@@ -209,7 +221,7 @@ pub fn run(args: &FsArgs) -> ExitCode {
     let progress = std::io::stderr().is_terminal();
     let mut shown = Instant::now();
     for (k, &i) in jobs.iter().enumerate() {
-        explorer.run(&set, i, &workloads[i]);
+        run(explorer, i, &workloads[i]);
         if progress && shown.elapsed() > Duration::from_millis(250) {
             let r = explorer.report();
             eprint!(
@@ -255,48 +267,13 @@ fn run_concurrent_set(
     workloads: &[ConcurrentWorkload],
     args: &FsArgs,
 ) -> ExitCode {
-    let jobs: Vec<usize> = match args.index {
-        Some(i) if i < workloads.len() => vec![i],
-        Some(i) => {
-            eprintln!("tally crash: set {set} has {} workloads, no index {i}", workloads.len());
-            return ExitCode::from(crate::EXIT_BAD_INPUT);
-        }
-        None => (0..workloads.len()).collect(),
-    };
-    let progress = std::io::stderr().is_terminal();
-    for (k, &i) in jobs.iter().enumerate() {
+    run_jobs(&mut explorer, set, workloads, args, |ex, i, w| {
         if set == "threaded" {
-            explorer.run_threads(set, i, &workloads[i]);
+            ex.run_threads(set, i, w);
         } else {
-            explorer.run_concurrent(set, i, &workloads[i]);
+            ex.run_concurrent(set, i, w);
         }
-        if progress {
-            let r = explorer.report();
-            eprint!(
-                "\r{}/{} workloads, {} states, {} violations ",
-                k + 1,
-                jobs.len(),
-                r.states_checked,
-                r.violations
-            );
-        }
-        if explorer.done() {
-            break;
-        }
-    }
-    if progress {
-        eprint!("\r\x1b[K");
-    }
-    let report = explorer.report();
-    if args.index.is_some() && !args.json {
-        println!("workload               {}", workloads[jobs[0]]);
-    }
-    print_report(&report, args.json);
-    if report.violations == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    }
+    })
 }
 
 /// `--generations`: `--count` multi-generation workloads, or the one at `--index`.
