@@ -40,9 +40,10 @@ const LARGE_WORKLOADS: [&str; 14] = [
     "LLsgga",
 ];
 
-fn large(cfg: ExploreConfig) -> Report {
+/// Explore each of `workloads` from every start image, until done.
+fn explore_each(cfg: ExploreConfig, workloads: &[&str]) -> Report {
     let mut ex = Explorer::new(cfg);
-    'all: for w in LARGE_WORKLOADS {
+    'all: for w in workloads {
         let w = Workload::parse(w).expect("workload letters");
         for start in Start::ALL {
             ex.run(&w, start, true);
@@ -52,6 +53,10 @@ fn large(cfg: ExploreConfig) -> Report {
         }
     }
     ex.report()
+}
+
+fn large(cfg: ExploreConfig) -> Report {
+    explore_each(cfg, &LARGE_WORKLOADS)
 }
 
 /// Large transactions spanning 3+ segments keep every invariant: a crash anywhere inside one
@@ -97,17 +102,7 @@ const ELSEWHERE_WORKLOADS: [&str; 16] = [
 ];
 
 fn elsewhere(cfg: ExploreConfig) -> Report {
-    let mut ex = Explorer::new(cfg);
-    'all: for w in ELSEWHERE_WORKLOADS {
-        let w = Workload::parse(w).expect("workload letters");
-        for start in Start::ALL {
-            ex.run(&w, start, true);
-            if ex.done() {
-                break 'all;
-            }
-        }
-    }
-    ex.report()
+    explore_each(cfg, &ELSEWHERE_WORKLOADS)
 }
 
 /// Cleaning that relocates onto another stream keeps every invariant: a crash anywhere in it
