@@ -1021,6 +1021,18 @@ mod tests {
         cv: std::sync::Condvar,
     }
 
+    impl Gate {
+        /// A memory device of `blocks` blocks, no read armed.
+        fn new(blocks: u64) -> Arc<Gate> {
+            Arc::new(Gate {
+                inner: MemDevice::new(4096, blocks).unwrap(),
+                block: std::sync::atomic::AtomicU64::new(u64::MAX),
+                state: std::sync::Mutex::new((false, false)),
+                cv: std::sync::Condvar::new(),
+            })
+        }
+    }
+
     impl Device for Gate {
         fn geometry(&self) -> tally_media::Geometry {
             self.inner.geometry()
@@ -1070,12 +1082,7 @@ mod tests {
     /// With `segment`, the read held is `maintain`'s first, that of the oldest segment's
     /// records to measure it (the operations meanwhile read nothing).
     fn maintain_reads_ahead_unlocked(overwrite: bool, segment: bool) {
-        let gate = Arc::new(Gate {
-            inner: MemDevice::new(4096, 4096).unwrap(),
-            block: std::sync::atomic::AtomicU64::new(u64::MAX),
-            state: std::sync::Mutex::new((false, false)),
-            cv: std::sync::Condvar::new(),
-        });
+        let gate = Gate::new(4096);
         let dev: Arc<dyn Device> = gate.clone();
         Fs::mkfs(dev.clone(), &MkfsOptions { streams: 1, segment_blocks: 64, uuid: None }).unwrap();
         let fs = Arc::new(Fs::mount(dev.clone(), MountOptions::default()).unwrap());
@@ -1135,12 +1142,7 @@ mod tests {
     /// operations that need no device I/O (a lookup, a getattr) go on.
     #[test]
     fn low_space_cleaning_reads_live_blocks_without_the_state_lock() {
-        let gate = Arc::new(Gate {
-            inner: MemDevice::new(4096, 1024).unwrap(),
-            block: std::sync::atomic::AtomicU64::new(u64::MAX),
-            state: std::sync::Mutex::new((false, false)),
-            cv: std::sync::Condvar::new(),
-        });
+        let gate = Gate::new(1024);
         let dev: Arc<dyn Device> = gate.clone();
         Fs::mkfs(dev.clone(), &MkfsOptions { streams: 1, segment_blocks: 64, uuid: None }).unwrap();
         let fs = Arc::new(Fs::mount(dev.clone(), MountOptions::default()).unwrap());
