@@ -13,7 +13,7 @@ use std::sync::{Mutex, PoisonError};
 
 use tally_fs::{Fs, FsError, Ino, Txn};
 
-use super::{exec, run_persist, walk, At, FsExplorer, Live};
+use super::{exec, run_persist, walk, At, FsExplorer, FsStart, Live};
 use crate::fsexplore::concurrent::{ConcurrentWorkload, TStep};
 use crate::fsexplore::medium::{Point, Recorder};
 use crate::fsexplore::model::{FsInvariant, FsViolation, History, MIno, MOp, MState};
@@ -43,6 +43,19 @@ impl Threads {
 }
 
 impl FsExplorer {
+    /// The start image on a recording device, mounted (a panic or an error there is I4).
+    fn mount_recorded(&self, start: &FsStart) -> Result<(Recorder, Fs), FsViolation> {
+        let dev = Recorder::new(self.cfg.medium, &start.image, self.cfg.seed, self.view());
+        let opts = self.mount_options();
+        match catch_unwind(AssertUnwindSafe(|| Fs::mount(dev.device(), opts))) {
+            Ok(Ok(fs)) => Ok((dev, fs)),
+            _ => Err(FsViolation {
+                invariant: FsInvariant::I4MountAndFsck,
+                message: "mounting the start image failed".to_string(),
+            }),
+        }
+    }
+
     /// Run concurrent workload `index` of `set` from the start state, checking every crash
     /// point.
     pub fn run_concurrent(&mut self, set: &str, index: usize, workload: &ConcurrentWorkload) {
@@ -55,15 +68,9 @@ impl FsExplorer {
                 return self.record(at0, v);
             }
         };
-        let dev = Recorder::new(self.cfg.medium, &start.image, self.cfg.seed, self.view());
-        let opts = self.mount_options();
-        let fs = match catch_unwind(AssertUnwindSafe(|| Fs::mount(dev.device(), opts))) {
-            Ok(Ok(fs)) => fs,
-            _ => {
-                let message = "mounting the start image failed".to_string();
-                let v = FsViolation { invariant: FsInvariant::I4MountAndFsck, message };
-                return self.record(at0, v);
-            }
+        let (dev, fs) = match self.mount_recorded(&start) {
+            Ok(mounted) => mounted,
+            Err(v) => return self.record(at0, v),
         };
         let mut th = Threads {
             map: start.map.clone(),
@@ -316,15 +323,9 @@ impl FsExplorer {
                 plans[t].push(planned);
             }
         }
-        let dev = Recorder::new(self.cfg.medium, &start.image, self.cfg.seed, self.view());
-        let opts = self.mount_options();
-        let fs = match catch_unwind(AssertUnwindSafe(|| Fs::mount(dev.device(), opts))) {
-            Ok(Ok(fs)) => fs,
-            _ => {
-                let message = "mounting the start image failed".to_string();
-                let v = FsViolation { invariant: FsInvariant::I4MountAndFsck, message };
-                return self.record(at0, v);
-            }
+        let (dev, fs) = match self.mount_recorded(&start) {
+            Ok(mounted) => mounted,
+            Err(v) => return self.record(at0, v),
         };
         let recording = self.cfg.crash_inside_ops;
         let acked = Mutex::new((Segments::new(), 0u64));
