@@ -323,9 +323,11 @@ impl Fs {
 
     /// Clean `stream`'s oldest segment: its live records are packed into as few transactions
     /// as fit [`PACK_BLOCKS`], re-committed on the stream, and the log's checkpoint frees it.
-    /// `read`: the segment and its transactions as measuring just read them (under the same
-    /// hold of the state lock), so they are not read a second time; used only while that
-    /// segment is still the stream's oldest (a full segment's transactions never change).
+    /// `read`: the segment and its transactions as read before (with the state lock given up,
+    /// or by measuring), so they are not read a second time; used only while that segment is
+    /// still the stream's oldest (a full segment's transactions never change), and the log
+    /// cleans only if they are exactly its own ([`tally_log::Log::clean_read_to`]; if not,
+    /// nothing is written and the segment is read again here, under the lock).
     fn clean_oldest(
         &self,
         st: &mut State,
@@ -333,15 +335,28 @@ impl Fs {
         read: Option<(u32, Vec<tally_log::RecoveredTx>)>,
         pre: &mut PreRead,
     ) -> Result<FsCleanReport> {
-        let mut report = FsCleanReport::default();
-        let Some(txs) = self.oldest_transactions(stream, read, pre)? else {
+        let mut read = read;
+        // Twice at most: a read under the lock is the log's own (nothing changes it meanwhile).
+        for _ in 0..2 {
+            let mut report = FsCleanReport::default();
+            let Some(txs) = self.oldest_transactions(stream, read.take(), pre)? else {
+                return Ok(report);
+            };
+            let (packs, seen) = self.pack_live(st, stream, &txs, pre, &mut report)?;
+            let Some((log_report, moved)) = self.relocate_packs(st, stream, &txs, packs)? else {
+                // Not the log's transactions (the segment changed since they were read):
+                // nothing was written; read the oldest segment again, under the lock.
+                pre.clear();
+                continue;
+            };
+            Self::account_relocations(st, seen, &log_report, moved, &mut report);
+            report.log = log_report;
             return Ok(report);
-        };
-        let (packs, seen) = self.pack_live(st, stream, &txs, pre, &mut report)?;
-        let (log_report, moved) = self.relocate_packs(st, stream, &txs, packs)?;
-        Self::account_relocations(st, seen, &log_report, moved, &mut report);
-        report.log = log_report;
-        Ok(report)
+        }
+        Err(FsError::corrupted(
+            "log cleaning",
+            format!("stream {stream}: the log refused the transactions it had just read"),
+        ))
     }
 
     /// Step 1 of [`Fs::clean_oldest`]: the transactions of `stream`'s oldest segment — `read`
@@ -430,18 +445,19 @@ impl Fs {
         Ok((packs, seen))
     }
 
-    /// Step 3 of [`Fs::clean_oldest`]: the packs handed to the log, which re-commits them,
-    /// makes them durable and frees the segment; with what each pack moved, by the old
-    /// transaction it was handed with. The log must clean exactly `txs`: if it read fewer,
-    /// the file system stops (read-only) before anything else is written over what the DRAM
-    /// state still points at.
+    /// Step 3 of [`Fs::clean_oldest`]: the packs handed to the log, which checks that `txs`
+    /// are its oldest segment's transactions (`None`, nothing written, when they are not),
+    /// re-commits the packs, makes them durable and frees the segment; with what each pack
+    /// moved, by the old transaction it was handed with. The log must clean exactly `txs`: if
+    /// it handed fewer to relocate, the file system stops (read-only) before anything else is
+    /// written over what the DRAM state still points at.
     fn relocate_packs(
         &self,
         st: &mut State,
         stream: u16,
         txs: &[tally_log::RecoveredTx],
         packs: Packs,
-    ) -> Result<(tally_log::CleanReport, MovedBy)> {
+    ) -> Result<Option<(tally_log::CleanReport, MovedBy)>> {
         let expected: Vec<TxId> = txs.iter().map(|t| t.id).collect();
         let mut handed: HashMap<TxId, Vec<Transaction>> = HashMap::new();
         let mut moved: MovedBy = HashMap::new();
@@ -450,19 +466,20 @@ impl Fs {
             moved.entry(at).or_default().push_back(p.moved);
         }
         let mut i = 0;
-        let log_report =
-            self.log.clean_split_to(stream, 1, self.relocation_stream(stream), |rtx| {
-                // The log cleans the transactions just read; anything else would leave a pack out.
-                if expected.get(i) != Some(&rtx.id) {
-                    return Err(LogError::Invalid(format!(
-                        "cleaning planned transaction {:?}, the log read {:?}",
-                        expected.get(i),
-                        rtx.id
-                    )));
-                }
-                i += 1;
-                Ok(handed.remove(&rtx.id).unwrap_or_default())
-            })?;
+        let to = self.relocation_stream(stream);
+        let log_report = self.log.clean_read_to(stream, txs, to, |rtx| {
+            // The log cleans the transactions handed; anything else would leave a pack out.
+            if expected.get(i) != Some(&rtx.id) {
+                return Err(LogError::Invalid(format!(
+                    "cleaning planned transaction {:?}, the log cleaned {:?}",
+                    expected.get(i),
+                    rtx.id
+                )));
+            }
+            i += 1;
+            Ok(handed.remove(&rtx.id).unwrap_or_default())
+        })?;
+        let Some(log_report) = log_report else { return Ok(None) };
         if i != expected.len() {
             // The segment is freed without some relocations: stop before anything else is
             // written over what the DRAM state still points at.
@@ -470,13 +487,13 @@ impl Fs {
                 let n = expected.len();
                 FsError::corrupted(
                     "log cleaning",
-                    format!("stream {stream}: the log read {i} of {n} transactions"),
+                    format!("stream {stream}: the log cleaned {i} of {n} transactions"),
                 )
             };
             st.failed.get_or_insert_with(|| std::sync::Arc::new(e()));
             return Err(e());
         }
-        Ok((log_report, moved))
+        Ok(Some((log_report, moved)))
     }
 
     /// Step 4 of [`Fs::clean_oldest`]: the DRAM state follows the move — every key read is
@@ -1012,13 +1029,17 @@ mod tests {
     const ME: Owner = Owner { uid: 1000, gid: 1000 };
 
     /// A memory device that holds, once armed, the first read of `block` (of any block when
-    /// armed with [`ANY_BLOCK`]) until released.
+    /// armed with [`ANY_BLOCK`]) until released; and, once told the file system, counts the
+    /// reads made while its state lock is held (by anyone: only meaningful while one thread
+    /// uses the file system).
     struct Gate {
         inner: MemDevice,
         block: std::sync::atomic::AtomicU64,
         /// (a read is held, released)
         state: std::sync::Mutex<(bool, bool)>,
         cv: std::sync::Condvar,
+        fs: std::sync::OnceLock<std::sync::Weak<Fs>>,
+        locked_reads: std::sync::atomic::AtomicU64,
     }
 
     impl Gate {
@@ -1029,7 +1050,15 @@ mod tests {
                 block: std::sync::atomic::AtomicU64::new(u64::MAX),
                 state: std::sync::Mutex::new((false, false)),
                 cv: std::sync::Condvar::new(),
+                fs: std::sync::OnceLock::new(),
+                locked_reads: std::sync::atomic::AtomicU64::new(0),
             })
+        }
+
+        /// Count from now on the reads made while `fs`'s state lock is held.
+        fn watch(&self, fs: &Arc<Fs>) {
+            let _ = self.fs.set(Arc::downgrade(fs));
+            self.locked_reads.store(0, SeqCst);
         }
     }
 
@@ -1038,6 +1067,11 @@ mod tests {
             self.inner.geometry()
         }
         fn read(&self, block: u64, buf: &mut [u8]) -> tally_media::Result<()> {
+            if let Some(fs) = self.fs.get().and_then(std::sync::Weak::upgrade) {
+                if matches!(fs.state.try_lock(), Err(std::sync::TryLockError::WouldBlock)) {
+                    self.locked_reads.fetch_add(1, SeqCst);
+                }
+            }
             let armed = self.block.load(std::sync::atomic::Ordering::SeqCst);
             if (block == armed || armed == ANY_BLOCK)
                 && self.block.compare_exchange(armed, u64::MAX, SeqCst, SeqCst).is_ok()
@@ -1192,6 +1226,38 @@ mod tests {
         drop(fs);
         let fs = Fs::mount(dev, MountOptions::default()).unwrap();
         assert_eq!(fs.read(cold, 0, 20 * 4096).unwrap(), vec![1; 20 * 4096]);
+        assert!(fs.fsck().is_clean());
+    }
+
+    /// A mostly dead oldest segment on `gate` (one stream): a file of 40 blocks all but the
+    /// first of which are overwritten, and another of 40 blocks; both files' inodes.
+    fn mostly_dead_head(gate: &Arc<Gate>) -> (Arc<Fs>, u64, u64) {
+        let dev: Arc<dyn Device> = gate.clone();
+        Fs::mkfs(dev.clone(), &MkfsOptions { streams: 1, segment_blocks: 64, uuid: None }).unwrap();
+        let fs = Arc::new(Fs::mount(dev, MountOptions::default()).unwrap());
+        let a = fs.create(None, ROOT, b"a", 0o644, ME).unwrap().ino;
+        fs.write(None, a, 0, &[1; 40 * 4096]).unwrap();
+        let b = fs.create(None, ROOT, b"b", 0o644, ME).unwrap().ino;
+        fs.write(None, b, 0, &[2; 40 * 4096]).unwrap();
+        fs.write(None, a, 4096, &[3; 39 * 4096]).unwrap();
+        fs.sync().unwrap();
+        (fs, a, b)
+    }
+
+    /// `Fs::maintain` cleaning a segment reads nothing from the device under the state lock:
+    /// not the segment's records (measured on what was read with the lock given up, and handed
+    /// to the log, which checks their ids instead of reading them again), not its live blocks.
+    #[test]
+    fn maintain_cleans_with_no_read_under_the_state_lock() {
+        let gate = Gate::new(4096);
+        let (fs, a, b) = mostly_dead_head(&gate);
+        gate.watch(&fs);
+        let report = fs.maintain().unwrap();
+        assert!(report.mostly_dead_cleaned >= 1, "{report:?}");
+        assert_eq!(gate.locked_reads.load(SeqCst), 0, "device reads under the state lock");
+        let want: Vec<u8> = [vec![1; 4096], vec![3; 39 * 4096]].concat();
+        assert_eq!(fs.read(a, 0, 40 * 4096).unwrap(), want);
+        assert_eq!(fs.read(b, 0, 40 * 4096).unwrap(), vec![2; 40 * 4096]);
         assert!(fs.fsck().is_clean());
     }
 

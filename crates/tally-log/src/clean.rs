@@ -252,7 +252,7 @@ impl Log {
         stream: u16,
         segments: usize,
         target: u16,
-        mut relocate: F,
+        relocate: F,
     ) -> Result<CleanReport>
     where
         F: FnMut(&RecoveredTx) -> Result<Vec<Transaction>>,
@@ -261,8 +261,7 @@ impl Log {
             .streams
             .get(usize::from(stream))
             .ok_or_else(|| LogError::Invalid(format!("no stream {stream}")))?;
-        let to = usize::from(target);
-        if to >= self.streams.len() {
+        if usize::from(target) >= self.streams.len() {
             return Err(LogError::Invalid(format!("no stream {target} to relocate to")));
         }
         let before = self.dev.stats();
@@ -282,16 +281,92 @@ impl Log {
                 .find(|p| cleaned.contains(&p.end_segment) && p.seq < open_run)
                 .map(|p| p.seq)
         };
-        let mut report = CleanReport::default();
-        let Some(upto) = upto else { return Ok(report) };
+        let Some(upto) = upto else { return Ok(CleanReport::default()) };
         self.wait_durable(TxId { stream, seq: self.read_horizon(stream, upto) })?;
         let sb = lock(&self.sb).sb.clone();
         let txs = read_transactions(&*self.dev, &sb, self.options, stream, upto)?;
-        report.transactions_read = txs.len() as u64;
+        self.relocate_and_checkpoint(stream, target, upto, &txs, relocate, before)
+    }
+
+    /// [`Log::clean_split_to`] of `stream`'s oldest segment, on `read`: that segment's
+    /// transactions as the caller read them ([`Log::oldest_segment_transactions`]), perhaps
+    /// with no lock of its own held and a while ago, instead of reading them again. Returns
+    /// `None`, having written nothing, unless `read` holds exactly the transactions this
+    /// call would read — those of `stream` since its checkpoint, up to the last one ending in
+    /// its oldest segment (never into an open large transaction) — in order: a segment's
+    /// transactions never change until it is freed, and transaction ids are never reused, so a
+    /// segment cleaned (or checkpointed) since the read shows as other ids
+    /// ([`Mutant::CleanReadUnchecked`] does not check, and is caught).
+    ///
+    /// # Errors
+    /// As [`Log::clean_split_to`].
+    pub fn clean_read_to<F>(
+        &self,
+        stream: u16,
+        read: &[RecoveredTx],
+        target: u16,
+        relocate: F,
+    ) -> Result<Option<CleanReport>>
+    where
+        F: FnMut(&RecoveredTx) -> Result<Vec<Transaction>>,
+    {
+        let st = self
+            .streams
+            .get(usize::from(stream))
+            .ok_or_else(|| LogError::Invalid(format!("no stream {stream}")))?;
+        if usize::from(target) >= self.streams.len() {
+            return Err(LogError::Invalid(format!("no stream {target} to relocate to")));
+        }
+        let before = self.dev.stats();
+        let placed: Vec<u64> = {
+            let st = lock(st);
+            let Some(&segment) = st.chain.front().filter(|_| st.chain.len() > 1) else {
+                return Ok(None);
+            };
+            let open_run = st.runs.keys().next().copied().unwrap_or(u64::MAX);
+            let Some(upto) = st
+                .placed
+                .iter()
+                .rev()
+                .find(|p| p.end_segment == segment && p.seq < open_run)
+                .map(|p| p.seq)
+            else {
+                return Ok(None);
+            };
+            st.placed.iter().map(|p| p.seq).take_while(|&seq| seq <= upto).collect()
+        };
+        let Some(&upto) = placed.last() else { return Ok(None) };
+        let same = read.len() == placed.len()
+            && read.iter().zip(&placed).all(|(t, &seq)| t.id == TxId { stream, seq });
+        if !same && !self.mutant(Mutant::CleanReadUnchecked) {
+            return Ok(None);
+        }
+        self.relocate_and_checkpoint(stream, target, upto, read, relocate, before).map(Some)
+    }
+
+    /// The common tail of [`Log::clean_split_to`] and [`Log::clean_read_to`]: `txs` (stream
+    /// `stream`'s transactions since its checkpoint up to `upto`) relocated onto `target` as
+    /// `relocate` says, made durable, and `upto` checkpointed. `before`: the device's counters
+    /// when the cleaning began.
+    fn relocate_and_checkpoint<F>(
+        &self,
+        stream: u16,
+        target: u16,
+        upto: u64,
+        txs: &[RecoveredTx],
+        mut relocate: F,
+        before: tally_media::DeviceStats,
+    ) -> Result<CleanReport>
+    where
+        F: FnMut(&RecoveredTx) -> Result<Vec<Transaction>>,
+    {
+        let to = usize::from(target);
+        let mut report =
+            CleanReport { transactions_read: txs.len() as u64, ..CleanReport::default() };
         // Plan every relocation first: either all of them fit, or nothing is written and the
         // caller gets NoSpace with the log as it was (no half-relocated duplicates).
         let mut moved: Vec<(TxId, Transaction)> = Vec::new();
-        for tx in &txs {
+        for tx in txs {
             for mut t in relocate(tx)? {
                 t.retarget(target);
                 moved.push((tx.id, t));
@@ -309,7 +384,7 @@ impl Log {
         let free_before = self.free_segments();
         if self.mutant(Mutant::RelocationNotDurable) {
             // The mutant makes only the cleaned stream durable, as if the copies were on it.
-            let last = lock(st).last_seq;
+            let last = self.streams.get(usize::from(stream)).map_or(upto, |st| lock(st).last_seq);
             self.wait_durable(TxId { stream, seq: last })?;
         } else {
             // Every stream: the copies are on `target`, the checkpoint frees `stream`'s
@@ -328,9 +403,9 @@ impl Log {
 mod tests {
     use std::sync::Arc;
 
-    use tally_media::MemDevice;
+    use tally_media::{Device, MemDevice};
 
-    use crate::{Log, LogConfig, LogError, OpenOptions, Recovery, Transaction};
+    use crate::{Log, LogConfig, LogError, Mutant, OpenOptions, Recovery, Transaction};
 
     fn reopen(dev: &Arc<MemDevice>) -> (Log, Recovery) {
         Log::open(dev.clone(), OpenOptions::default()).unwrap()
@@ -383,5 +458,61 @@ mod tests {
         let (_log, r) = reopen(&dev);
         assert_eq!(records(&r, 0), ["r8", "r9", "r10", "r11"]);
         assert_eq!(records(&r, 1), ["s1", "r3", "r5"]);
+    }
+
+    /// What `clean_read_to` does with a read made stale — the segment read was cleaned since
+    /// and the next one is now the stream's head — and then with a fresh read; `Err` says
+    /// what went wrong. Refused, nothing written; then cleaned; each record once after a
+    /// reopen.
+    fn clean_on_a_stale_read(mutant: Option<Mutant>) -> Result<(), String> {
+        let dev = Arc::new(MemDevice::new(512, 2 + 12 * 8).unwrap());
+        Log::format(&*dev, &LogConfig { streams: 1, segment_blocks: 8, uuid: [9; 16] }).unwrap();
+        let (log, _) = Log::open(dev.clone(), OpenOptions { mutant, ..OpenOptions::default() })
+            .map_err(|e| e.to_string())?;
+        let mut want: Vec<String> = (0..20).map(|i| format!("r{i}")).collect();
+        for tag in &want {
+            log.commit_durable(tx(0, tag)).unwrap();
+        }
+        let keep = |t: &crate::RecoveredTx| {
+            let mut moved = Transaction::new(0);
+            moved.record(t.records[0].clone());
+            Ok(vec![moved])
+        };
+        let (_, stale) = log.oldest_segment_transactions(0).unwrap().unwrap();
+        let first = log.clean_split_to(0, 1, 0, keep).unwrap();
+        assert_eq!(first.transactions_read, stale.len() as u64);
+        let written = dev.stats().bytes_written;
+        let refused = log.clean_read_to(0, &stale, 0, keep).map_err(|e| e.to_string())?;
+        if refused.is_some() || dev.stats().bytes_written != written {
+            return Err(format!("a stale read was cleaned: {refused:?}"));
+        }
+        let (_, fresh) = log.oldest_segment_transactions(0).unwrap().unwrap();
+        let report = log.clean_read_to(0, &fresh, 0, keep).unwrap().ok_or("fresh read refused")?;
+        assert_eq!(report.transactions_read, fresh.len() as u64);
+        assert_eq!(report.transactions_relocated, fresh.len() as u64);
+        drop(log);
+        let (_log, r) = reopen(&dev);
+        let mut got = records(&r, 0);
+        got.sort();
+        want.sort();
+        if got != want {
+            return Err(format!("after a reopen: {got:?}"));
+        }
+        Ok(())
+    }
+
+    /// `Log::clean_read_to` refuses transactions that are not the log's own (read before their
+    /// segment was cleaned), before anything is written; with the log's own, it cleans.
+    #[test]
+    fn a_stale_read_is_refused_before_anything_is_written() {
+        clean_on_a_stale_read(None).unwrap();
+    }
+
+    /// The mutant that does not check the read relocates stale records and frees the head's.
+    #[test]
+    #[cfg_attr(not(feature = "mutants"), ignore = "needs the mutants feature")]
+    fn clean_read_unchecked_is_caught() {
+        let caught = clean_on_a_stale_read(Some(Mutant::CleanReadUnchecked));
+        assert!(caught.is_err(), "the clean-read-unchecked mutant was not caught");
     }
 }

@@ -57,6 +57,13 @@ pub enum Mutant {
     /// Recovery keeps the parts of a large transaction whose close did not survive (a
     /// transaction whose last segments' units are missing is taken as committed).
     RunUnclosedKept,
+    /// Cleaning on transactions the caller read ([`crate::Log::clean_read_to`]) does not check
+    /// them against the log's own: it relocates what the caller read and checkpoints past what
+    /// the log placed in its oldest segment, so a read made stale meanwhile (that segment
+    /// cleaned, the next one at the head since) frees records nothing relocated. Not in
+    /// [`Mutant::ALL`] (the explorers' workloads read and clean in one step); the unit test
+    /// `clean_read_unchecked_is_caught` (`clean.rs`) must catch it.
+    CleanReadUnchecked,
     /// Cleaning that relocates to another stream makes only the cleaned stream durable before
     /// its checkpoint frees the cleaned segments: a crash can keep the checkpoint and lose the
     /// copies on the target stream (what was live in the freed segments is gone).
@@ -116,6 +123,7 @@ impl Mutant {
             Mutant::WatermarkIgnored => "watermark-ignored",
             Mutant::WriteOutReordered => "write-out-reordered",
             Mutant::RunUnclosedKept => "run-unclosed-kept",
+            Mutant::CleanReadUnchecked => "clean-read-unchecked",
             Mutant::RelocationNotDurable => "relocation-not-durable",
             Mutant::DurableClosureSkipped => "durable-closure-skipped",
         }
@@ -175,7 +183,7 @@ impl Mutant {
     /// Parse a kebab-case name.
     #[must_use]
     pub fn from_name(name: &str) -> Option<Mutant> {
-        Mutant::ALL.into_iter().find(|m| m.name() == name)
+        Mutant::ALL.into_iter().chain([Mutant::CleanReadUnchecked]).find(|m| m.name() == name)
     }
 }
 
