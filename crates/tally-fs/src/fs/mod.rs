@@ -33,6 +33,7 @@ use crate::{FsError, Result};
 mod commit;
 mod copy;
 mod data;
+mod durability;
 mod large;
 mod namespace;
 mod read;
