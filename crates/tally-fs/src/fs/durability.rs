@@ -41,3 +41,44 @@ impl Fs {
         Ok(report)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tally_media::{Device, MemDevice};
+
+    use crate::{Fs, MkfsOptions, MountOptions, Owner, ROOT};
+
+    const ME: Owner = Owner { uid: 1000, gid: 1000 };
+
+    #[test]
+    fn makes_durable_and_leaves_cleaning_to_maintain() {
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 4096).unwrap());
+        Fs::mkfs(dev.clone(), &MkfsOptions { streams: 1, segment_blocks: 64, uuid: None }).unwrap();
+        let opts = MountOptions {
+            write_behind: Some(tally_log::WriteBehind::default()),
+            ..MountOptions::default()
+        };
+        let fs = Fs::mount(dev, opts).unwrap();
+        let a = fs.create(None, ROOT, b"a", 0o644, ME).unwrap().ino;
+        fs.write(None, a, 0, &[1; 40 * 4096]).unwrap();
+        let b = fs.create(None, ROOT, b"b", 0o644, ME).unwrap().ino;
+        fs.write(None, b, 0, &[2; 40 * 4096]).unwrap();
+        // All of `a` but its first block dies: the oldest segment is mostly dead.
+        fs.write(None, a, 4096, &[3; 39 * 4096]).unwrap();
+        let free = fs.log().free_segments();
+        let r = fs.maintain_durability().unwrap();
+        assert!(r.synced, "{r:?}");
+        assert_eq!((r.segments_freed, r.mostly_dead_cleaned), (0, 0));
+        assert!(fs.log().durable_seq(0) > 0);
+        assert_eq!(fs.log().free_segments(), free, "maintain_durability cleaned");
+        // Nothing left to make durable; still nothing cleaned.
+        let r = fs.maintain_durability().unwrap();
+        assert!(!r.synced && r.segments_freed == 0, "{r:?}");
+        assert_eq!(fs.log().free_segments(), free);
+        // The whole round cleans what was left.
+        let r = fs.maintain().unwrap();
+        assert!(r.mostly_dead_cleaned > 0 && fs.log().free_segments() > free, "{r:?}");
+    }
+}
