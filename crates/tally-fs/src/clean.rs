@@ -154,27 +154,66 @@ struct Wanted {
 
 impl Fs {
     /// Clean the `segments` oldest segments of `stream` (at most all but its current one, as
-    /// they are when called), one at a time.
+    /// they are when called), one at a time. As `Fs::maintain` does, the state lock is taken
+    /// for one segment at a time, and given up while the segment's records and live data
+    /// blocks are read and the log is made durable; operations go on meanwhile.
     ///
     /// # Errors
-    /// `EBUSY` while explicit transactions are open, `ENOSPC` when the live records do not fit
-    /// (nothing changed by that segment), I/O errors, corrupted records.
+    /// `EBUSY` while explicit transactions are open (one opened between segments stops the
+    /// cleaning there, the segments cleaned before it stay cleaned), `ENOSPC` when the live
+    /// records do not fit (nothing changed by that segment), I/O errors, corrupted records.
     pub fn clean(&self, stream: u16, segments: usize) -> Result<FsCleanReport> {
-        let mut st = lock(&self.state)?;
-        self.clean_locked(&mut st, stream, segments)
+        let old = {
+            let st = lock(&self.state)?;
+            self.cleanable(&st)?;
+            self.log.chain(stream)?.len().saturating_sub(1)
+        };
+        let mut report = FsCleanReport::default();
+        for _ in 0..segments.min(old) {
+            let Some(ahead) = self.log.oldest_segment_transactions(stream)? else { break };
+            let st = lock(&self.state)?;
+            self.cleanable(&st)?;
+            let (mut st, mut pre) = self.prepare_unlocked(st, &ahead.1)?;
+            let r = self.clean_one(&mut st, stream, ahead, &mut pre)?;
+            drop(st);
+            report.records_read += r.records_read;
+            report.records_relocated += r.records_relocated;
+            report.data_blocks_relocated += r.data_blocks_relocated;
+            let (a, b) = (&mut report.log, r.log);
+            a.checkpointed_seq = b.checkpointed_seq.or(a.checkpointed_seq);
+            a.relocated.extend(b.relocated);
+            a.transactions_read += b.transactions_read;
+            a.transactions_relocated += b.transactions_relocated;
+            a.segments_freed += b.segments_freed;
+            a.bytes_written += b.bytes_written;
+        }
+        Ok(report)
+    }
+
+    /// May cleaning go on under `st`: no explicit transaction open (`EBUSY`), not read-only?
+    fn cleanable(&self, st: &State) -> Result<()> {
+        if !st.txns.open.is_empty() {
+            return Err(FsError::Busy);
+        }
+        if let Some(e) = &st.failed {
+            return Err(FsError::read_only(e));
+        }
+        Ok(())
     }
 
     /// When space is low: clean the oldest segment of the stream whose oldest segment scores
     /// best by cost-benefit, if relocating that frees space (`max_live_percent` of a segment at
-    /// most is live). The lock is given up while the chosen segment's live data blocks are
-    /// read and the log is made durable, as `Fs::maintain` does (`prepare_unlocked`). Returns
-    /// the lock taken again (or still held), and whether that freed a segment or gained blocks.
+    /// most is live). The lock is given up while the chosen head's records are read
+    /// ([`Fs::choose_head`]) and while its live data blocks are read and the log is made
+    /// durable, as `Fs::maintain` does (`prepare_unlocked`). Returns the lock taken again (or
+    /// still held), and whether that freed a segment or gained blocks.
     pub(crate) fn clean_some<'a>(
         &'a self,
         st: MutexGuard<'a, State>,
         max_live_percent: u64,
     ) -> Result<(MutexGuard<'a, State>, Result<bool>)> {
-        let (stream, l) = match self.head_to_clean(&st, max_live_percent) {
+        let (st, chosen) = self.choose_head(st, max_live_percent)?;
+        let (stream, l) = match chosen {
             Ok(Some(chosen)) => chosen,
             Ok(None) => return Ok((st, Ok(false))),
             Err(e) => return Ok((st, Err(e))),
@@ -189,11 +228,49 @@ impl Fs {
         Ok((st, gained))
     }
 
-    /// The choice of [`Fs::clean_some`] (under the lock): the stream whose oldest segment to
-    /// clean, measured.
-    fn head_to_clean(&self, st: &State, max_live_percent: u64) -> Result<Option<(u16, Liveness)>> {
+    /// The choice of [`Fs::clean_some`]: the stream whose oldest segment to clean, measured.
+    /// The heads are ranked under the lock ([`Fs::heads_ranked`], which reads nothing); each
+    /// head tried is read with the lock given up and measured under it again, if it is still
+    /// its stream's oldest segment (else it is read again there, `Fs::measure_oldest_of`).
+    /// Returns the lock taken again (or still held) and the choice (`None`: no head gains,
+    /// or an explicit transaction is open).
+    fn choose_head<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        max_live_percent: u64,
+    ) -> Result<(MutexGuard<'a, State>, Result<Option<Chosen>>)> {
+        let ranked = match self.heads_ranked(&st) {
+            Ok(ranked) => ranked,
+            Err(e) => return Ok((st, Err(e))),
+        };
+        for stream in ranked {
+            drop(st);
+            let ahead = self.log.oldest_segment_transactions(stream);
+            st = lock(&self.state)?;
+            if !st.txns.open.is_empty() {
+                return Ok((st, Ok(None)));
+            }
+            let measured = ahead
+                .map_err(FsError::from)
+                .and_then(|ahead| self.measure_oldest_of(&st, stream, ahead))
+                .and_then(|l| match l {
+                    Some(l) => Ok(self.head_gains(&st, stream, &l, max_live_percent)?.then_some(l)),
+                    None => Ok(None),
+                });
+            match measured {
+                Ok(Some(l)) => return Ok((st, Ok(Some((stream, l))))),
+                Ok(None) => {}
+                Err(e) => return Ok((st, Err(e))),
+            }
+        }
+        Ok((st, Ok(None)))
+    }
+
+    /// The streams whose oldest segment (not their current one) may be cleaned, best first by
+    /// cost-benefit; nothing while explicit transactions are open. Reads nothing.
+    fn heads_ranked(&self, st: &State) -> Result<Vec<u16>> {
         if !st.txns.open.is_empty() {
-            return Ok(None);
+            return Ok(Vec::new());
         }
         let seg = u64::from(self.segment_blocks);
         // Cost-benefit (LFS): a head's benefit is the space it frees, (1 − u), weighed by
@@ -217,38 +294,42 @@ impl Fs {
             ranked.push(((1.0 - u) * age / (1.0 + u), chain.len(), s));
         }
         ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
+        Ok(ranked.into_iter().map(|(_, _, s)| s).collect())
+    }
+
+    /// Does cleaning `stream`'s oldest segment, measured as `l`, gain space?
+    fn head_gains(
+        &self,
+        st: &State,
+        stream: u16,
+        l: &Liveness,
+        max_live_percent: u64,
+    ) -> Result<bool> {
+        let seg = u64::from(self.segment_blocks);
         // Packed, a live part no larger than the segment never needs more than one new
         // segment (packs fill the current segment's end, the rest fits a fresh one; packing
         // never makes records larger), so cleaning it never loses a segment, and moves the
         // stream's head on to the segments behind it, which may gain.
-        let gains = |live: u64| live <= seg && live * 100 <= seg * max_live_percent;
-        // At least a segment's worth of blocks not holding live data between the head and the
-        // current segment of `stream`'s chain.
-        let dead_behind = |stream: u16| -> Result<bool> {
+        if l.live_blocks > seg || l.live_blocks * 100 > seg * max_live_percent {
+            return Ok(false);
+        }
+        // A head relocated onto its own stream (the cold one) goes to that stream's tail:
+        // nearly full, that pays only to reach dead space behind it in the chain (at least a
+        // segment's worth of blocks not holding live data between the head and the current
+        // segment); without any, it would cycle (the same chain again, a segment written,
+        // nothing freed), and the heads of the other streams would never be tried.
+        let onto_itself = self.relocation_stream(stream) == stream;
+        if onto_itself && l.live_blocks + seg / 8 > seg {
+            let live = self.live_data_by_segment(st);
             let chain = self.log.chain(stream)?;
             let behind = chain.get(1..chain.len().saturating_sub(1)).unwrap_or_default();
             let dead: u64 = behind
                 .iter()
                 .map(|s| seg.saturating_sub(live.get(s).map_or(0, |l| l.blocks)))
                 .sum();
-            Ok(dead >= seg)
-        };
-        for (_, _, stream) in ranked {
-            let Some(l) = self.measure_oldest_of(st, stream, None)? else { continue };
-            if !gains(l.live_blocks) {
-                continue;
-            }
-            // A head relocated onto its own stream (the cold one) goes to that stream's tail:
-            // nearly full, that pays only to reach dead space behind it in the chain; without
-            // any, it would cycle (the same chain again, a segment written, nothing freed),
-            // and the heads of the other streams would never be tried.
-            let onto_itself = self.relocation_stream(stream) == stream;
-            if onto_itself && l.live_blocks + seg / 8 > seg && !dead_behind(stream)? {
-                continue;
-            }
-            return Ok(Some((stream, l)));
+            return Ok(dead >= seg);
         }
-        Ok(None)
+        Ok(true)
     }
 
     /// Streams that take no fresh writes (`Fs::stream_of` maps files and threads to the
@@ -271,37 +352,7 @@ impl Fs {
         PACK_BLOCKS.min((u64::from(self.segment_blocks) / 2).saturating_sub(2)).max(2)
     }
 
-    pub(crate) fn clean_locked(
-        &self,
-        st: &mut State,
-        stream: u16,
-        segments: usize,
-    ) -> Result<FsCleanReport> {
-        if !st.txns.open.is_empty() {
-            return Err(FsError::Busy);
-        }
-        if let Some(e) = &st.failed {
-            return Err(FsError::read_only(e));
-        }
-        let old = self.log.chain(stream)?.len().saturating_sub(1);
-        let mut report = FsCleanReport::default();
-        for _ in 0..segments.min(old) {
-            let r = self.clean_oldest(st, stream, None, &mut PreRead::new())?;
-            report.records_read += r.records_read;
-            report.records_relocated += r.records_relocated;
-            report.data_blocks_relocated += r.data_blocks_relocated;
-            let (a, b) = (&mut report.log, r.log);
-            a.checkpointed_seq = b.checkpointed_seq.or(a.checkpointed_seq);
-            a.relocated.extend(b.relocated);
-            a.transactions_read += b.transactions_read;
-            a.transactions_relocated += b.transactions_relocated;
-            a.segments_freed += b.segments_freed;
-            a.bytes_written += b.bytes_written;
-        }
-        Ok(report)
-    }
-
-    /// [`Fs::clean_locked`] of one segment, `read` as [`Fs::clean_oldest`] takes it.
+    /// Clean `stream`'s oldest segment, `read` as [`Fs::clean_oldest`] takes it.
     fn clean_one(
         &self,
         st: &mut State,
@@ -309,12 +360,7 @@ impl Fs {
         read: (u32, Vec<tally_log::RecoveredTx>),
         pre: &mut PreRead,
     ) -> Result<FsCleanReport> {
-        if !st.txns.open.is_empty() {
-            return Err(FsError::Busy);
-        }
-        if let Some(e) = &st.failed {
-            return Err(FsError::read_only(e));
-        }
+        self.cleanable(st)?;
         if self.log.chain(stream)?.len() < 2 {
             return Ok(FsCleanReport::default());
         }
@@ -646,7 +692,7 @@ impl Fs {
     /// segment not yet cleaned, and a segment's blocks never change until it is freed; the
     /// cleaning that uses them runs under the state lock on transactions read before
     /// (`oldest_transactions` checks the segment is still the stream's oldest, and the log
-    /// cleans only if it reads exactly those transactions, whose ids are never reused), judges
+    /// cleans only if they are exactly its own, whose ids are never reused), judges
     /// each record live again, and takes a block read here only for a record still live, at the
     /// same device block and with the same crc (checked here against the bytes). A block not
     /// read here (an error, a crc mismatch, a record live again after an abort) is read under
@@ -663,10 +709,9 @@ impl Fs {
     }
 
     /// Before cleaning the segment of `txs` (chosen under `st`): give the state lock up, make
-    /// the log durable (so the durable waits cleaning makes under the lock — the log's read
-    /// horizon, and the flush before its checkpoint frees the segment — cover only what is
-    /// committed meanwhile and the relocations) and read the live data blocks, then take the
-    /// lock again.
+    /// the log durable (so the durable wait cleaning makes under the lock — the flush before
+    /// the log's checkpoint frees the segment — covers only what is committed meanwhile and
+    /// the relocations) and read the live data blocks, then take the lock again.
     fn prepare_unlocked<'a>(
         &'a self,
         st: MutexGuard<'a, State>,
@@ -840,10 +885,10 @@ impl Fs {
             if free * 100 >= total * CLEAN_BELOW_FREE_PERCENT {
                 break;
             }
-            let Some((stream, l)) = self.head_to_clean(&st, MAINTAIN_MAX_LIVE_PERCENT)? else {
-                break;
-            };
             held = taken.elapsed();
+            // The head's records are read with the lock given up (`Fs::choose_head`).
+            let (st, chosen) = self.choose_head(st, MAINTAIN_MAX_LIVE_PERCENT)?;
+            let Some((stream, l)) = chosen? else { break };
             let (mut st, mut pre) = self.prepare_unlocked(st, &l.txs)?;
             if !st.txns.open.is_empty() {
                 break;
@@ -947,6 +992,9 @@ impl Fs {
         Ok(Some(l))
     }
 }
+
+/// A stream whose oldest segment to clean, and that segment measured ([`Fs::choose_head`]).
+type Chosen = (u16, Liveness);
 
 /// How much of a stream's oldest segment is live.
 struct Liveness {
@@ -1172,10 +1220,11 @@ mod tests {
     }
 
     /// Cleaning when space is low, before a write (`Fs::clean_for_space`), reads the live
-    /// blocks of the segment it cleans with the state lock given up: while that read is held,
-    /// operations that need no device I/O (a lookup, a getattr) go on.
-    #[test]
-    fn low_space_cleaning_reads_live_blocks_without_the_state_lock() {
+    /// blocks of the segment it cleans (with `records`, the first read it makes: the chosen
+    /// head's records, to measure it) with the state lock given up: while that read is held,
+    /// operations that need no device I/O (a lookup, a getattr) go on. Once they are done,
+    /// the cleaning the writer makes (alone) reads nothing under the state lock.
+    fn low_space_cleaning_reads_without_the_state_lock(records: bool) {
         let gate = Gate::new(1024);
         let dev: Arc<dyn Device> = gate.clone();
         Fs::mkfs(dev.clone(), &MkfsOptions { streams: 1, segment_blocks: 64, uuid: None }).unwrap();
@@ -1190,7 +1239,8 @@ mod tests {
             st.inodes.get(&cold).and_then(|i| i.blocks.get(&0)).unwrap().addr
         };
         let hot = fs.create(None, ROOT, b"hot", 0o644, ME).unwrap().ino;
-        gate.block.store(at, SeqCst);
+        // The writer's writes cover whole blocks and read nothing: the first read is cleaning's.
+        gate.block.store(if records { ANY_BLOCK } else { at }, SeqCst);
         let writer = {
             let fs = fs.clone();
             std::thread::spawn(move || {
@@ -1210,16 +1260,21 @@ mod tests {
         }
         let (tx, rx) = std::sync::mpsc::channel();
         let other = fs.clone();
-        std::thread::spawn(move || {
+        let looker = std::thread::spawn(move || {
             let _ = other.lookup(ROOT, b"cold").unwrap();
             let _ = other.getattr(hot).unwrap();
             let _ = tx.send(());
         });
         let prompt = rx.recv_timeout(std::time::Duration::from_secs(5));
+        if prompt.is_ok() {
+            looker.join().unwrap();
+            gate.watch(&fs); // the writer is alone now
+        }
         *gate.state.lock().unwrap() = (true, true);
         gate.cv.notify_all();
         assert!(prompt.is_ok(), "operations waited for a read cleaning made under the lock");
         writer.join().unwrap();
+        assert_eq!(gate.locked_reads.load(SeqCst), 0, "device reads under the state lock");
         assert_eq!(fs.read(cold, 0, 20 * 4096).unwrap(), vec![1; 20 * 4096]);
         fs.sync().unwrap();
         assert!(fs.fsck().is_clean());
@@ -1258,6 +1313,75 @@ mod tests {
         let want: Vec<u8> = [vec![1; 4096], vec![3; 39 * 4096]].concat();
         assert_eq!(fs.read(a, 0, 40 * 4096).unwrap(), want);
         assert_eq!(fs.read(b, 0, 40 * 4096).unwrap(), vec![2; 40 * 4096]);
+        assert!(fs.fsck().is_clean());
+    }
+
+    #[test]
+    fn low_space_cleaning_reads_live_blocks_without_the_state_lock() {
+        low_space_cleaning_reads_without_the_state_lock(false);
+    }
+
+    #[test]
+    fn low_space_cleaning_reads_the_head_it_measures_without_the_state_lock() {
+        low_space_cleaning_reads_without_the_state_lock(true);
+    }
+
+    /// `Fs::clean` (on demand, `tally clean`) gives the state lock up while it reads: while
+    /// its first read (the oldest segment's records) is held, a create and a write go on;
+    /// the segment is cleaned, and the files read back the same before and after a remount.
+    #[test]
+    fn clean_on_demand_reads_without_the_state_lock() {
+        let gate = Gate::new(4096);
+        let (fs, a, b) = mostly_dead_head(&gate);
+        gate.block.store(ANY_BLOCK, SeqCst);
+        let cleaner = {
+            let fs = fs.clone();
+            std::thread::spawn(move || fs.clean(0, usize::MAX).unwrap())
+        };
+        {
+            let g = gate.state.lock().unwrap();
+            let (g, t) =
+                gate.cv.wait_timeout_while(g, std::time::Duration::from_secs(5), |s| !s.0).unwrap();
+            assert!(!t.timed_out() && g.0, "clean did not read");
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let other = fs.clone();
+        std::thread::spawn(move || {
+            let c = other.create(None, ROOT, b"c", 0o644, ME).unwrap().ino;
+            other.write(None, c, 0, &[4; 4096]).unwrap();
+            let _ = tx.send(());
+        });
+        let prompt = rx.recv_timeout(std::time::Duration::from_secs(5));
+        *gate.state.lock().unwrap() = (true, true);
+        gate.cv.notify_all();
+        assert!(prompt.is_ok(), "operations waited for a read clean made under the lock");
+        let report = cleaner.join().unwrap();
+        assert!(report.log.segments_freed >= 1, "{report:?}");
+        let want: Vec<u8> = [vec![1; 4096], vec![3; 39 * 4096]].concat();
+        assert_eq!(fs.read(a, 0, 40 * 4096).unwrap(), want, "before the remount");
+        assert_eq!(fs.read(b, 0, 40 * 4096).unwrap(), vec![2; 40 * 4096]);
+        fs.sync().unwrap();
+        assert!(fs.fsck().is_clean());
+        let dev = fs.log.device().clone();
+        drop(fs);
+        let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+        assert_eq!(fs.read(a, 0, 40 * 4096).unwrap(), want, "after the remount");
+        assert_eq!(fs.read(b, 0, 40 * 4096).unwrap(), vec![2; 40 * 4096]);
+        assert!(fs.fsck().is_clean());
+    }
+
+    /// `Fs::clean` alone, of every segment but the current one, reads nothing from the device
+    /// under the state lock.
+    #[test]
+    fn clean_on_demand_reads_nothing_under_the_state_lock() {
+        let gate = Gate::new(4096);
+        let (fs, a, _) = mostly_dead_head(&gate);
+        gate.watch(&fs);
+        let report = fs.clean(0, usize::MAX).unwrap();
+        assert!(report.log.segments_freed >= 1, "{report:?}");
+        assert_eq!(gate.locked_reads.load(SeqCst), 0, "device reads under the state lock");
+        let want: Vec<u8> = [vec![1; 4096], vec![3; 39 * 4096]].concat();
+        assert_eq!(fs.read(a, 0, 40 * 4096).unwrap(), want);
         assert!(fs.fsck().is_clean());
     }
 
