@@ -841,11 +841,16 @@ impl TallyFuse {
 
     /// The names of directory `ino` from cookie `offset` on (the transport sends as many as
     /// the kernel's buffer takes).
-    pub(crate) fn readdir(&self, ino: u64, offset: u64) -> Result<Vec<DirEntryOut>, Errno> {
+    pub(crate) fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+        count_max: usize,
+    ) -> Result<Vec<DirEntryOut>, Errno> {
         self.requests.count(Opcode::Readdir);
         // The library's offsets are the cookies: 1 is ".", 2 is "..", entries from 3 on, stable
         // across other entries coming and going.
-        let entries = self.call("readdir", |fs| Ok(fs.readdir(ino, offset)?))?;
+        let entries = self.call("readdir", |fs| Ok(fs.readdir_page(ino, offset, count_max)?))?;
         Ok(entries
             .into_iter()
             .map(|e| DirEntryOut {
@@ -862,28 +867,17 @@ impl TallyFuse {
         &self,
         ino: u64,
         offset: u64,
+        count_max: usize,
     ) -> Result<Vec<(DirEntryOut, Entry)>, Errno> {
         self.requests.count(Opcode::Readdirplus);
-        // As readdir, with each entry's attributes: the kernel makes an entry of each ("." and
-        // ".." excepted), so no LOOKUP follows for a listed name.
-        let listed = self.call("readdirplus", |fs| {
-            let mut out = Vec::new();
-            for e in fs.readdir(ino, offset)? {
-                let attr = match e.name.as_slice() {
-                    b"." | b".." => fs.lookup(ino, &e.name),
-                    _ => fs.getattr(e.ino),
-                };
-                match attr {
-                    Ok(a) => out.push((e, Self::attr_of(fs, &a))),
-                    // Gone since the listing was taken: left out.
-                    Err(FsError::NotFound) => {}
-                    Err(other) => return Err(other.into()),
-                }
-            }
-            Ok(out)
+        // As readdir, with each entry's attributes (one page under one lock): the kernel makes
+        // an entry of each ("." and ".." excepted), so no LOOKUP follows for a listed name.
+        let (listed, bs) = self.call("readdirplus", |fs| {
+            Ok((fs.readdir_plus(ino, offset, count_max)?, fs.block_size()))
         })?;
         Ok(listed
             .into_iter()
+            .map(|(e, a, blocks)| (e, file_attr(&a, blocks, bs)))
             .map(|(e, attr)| {
                 let d = DirEntryOut {
                     ino: e.ino,
@@ -1208,7 +1202,8 @@ mod tests {
         assert!(!o.flags.contains(FopenFlags::FOPEN_NOFLUSH), "writable opens get FLUSH");
         assert_eq!(a.write(who, e.attr.ino.0, o.fh, 0, b"hello", false).unwrap(), 5);
         assert_eq!(a.read(e.attr.ino.0, 0, 100).unwrap(), b"hello");
-        let names: Vec<_> = a.readdir(ROOT, 0).unwrap().into_iter().map(|d| d.name).collect();
+        let names: Vec<_> =
+            a.readdir(ROOT, 0, usize::MAX).unwrap().into_iter().map(|d| d.name).collect();
         assert!(names.contains(&b"f".to_vec()), "{names:?}");
         let absent = a.lookup(ROOT, b"nope").unwrap();
         assert_eq!((absent.attr.ino.0, absent.attr_ttl), (0, Duration::ZERO));

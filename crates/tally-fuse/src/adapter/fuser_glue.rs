@@ -331,7 +331,9 @@ impl Filesystem for FuserGlue {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        match self.ops.readdir(ino.0, offset) {
+        // fuser does not pass the kernel's buffer size on: a page of at most what a
+        // 128 KiB buffer holds, so each request's cost stays bounded by a page.
+        match self.ops.readdir(ino.0, offset, 4096) {
             Ok(entries) => {
                 for e in entries {
                     if reply.add(INodeNo(e.ino), e.offset, e.kind, OsStr::from_bytes(&e.name)) {
@@ -352,7 +354,8 @@ impl Filesystem for FuserGlue {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        match self.ops.readdirplus(ino.0, offset) {
+        // As readdir: at most what a 160 KiB buffer holds.
+        match self.ops.readdirplus(ino.0, offset, 1024) {
             Ok(entries) => {
                 for (d, e) in entries {
                     let name = OsStr::from_bytes(&d.name);

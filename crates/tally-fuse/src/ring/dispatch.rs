@@ -114,6 +114,19 @@ impl Answer {
     }
 }
 
+/// The smallest a listed name takes in a READDIR reply: a 24-byte `fuse_dirent` and its name
+/// padded to 8 bytes.
+const DIRENT_MIN: usize = 32;
+/// The same in a READDIRPLUS reply: a 128-byte `fuse_entry_out` before it.
+const DIRENTPLUS_MIN: usize = 160;
+
+/// At most how many names a listing reply of `size` bytes can hold: the page to ask the file
+/// system for (never fewer than fit, so a page is never cut short by the ask; the transport
+/// sends what fits and the kernel asks again from the last cookie sent).
+fn entries_fitting(size: u32, entry_min: usize) -> usize {
+    (usize::try_from(size).unwrap_or(usize::MAX) / entry_min).max(1)
+}
+
 fn answer(ops: &TallyFuse, h: &InHeader, request: Request<'_>) -> Result<Answer, Errno> {
     let who = Caller { uid: h.uid, gid: h.gid, pid: h.pid };
     let ino = h.nodeid;
@@ -154,12 +167,14 @@ fn answer(ops: &TallyFuse, h: &InHeader, request: Request<'_>) -> Result<Answer,
         Request::Removexattr { name } => ops.removexattr(who, ino, name).map(|()| Answer::None)?,
         Request::Flush { fh } => ops.flush(who, fh).map(|()| Answer::None)?,
         Request::Opendir => Answer::Opened(ops.opendir(ino)?),
-        Request::Readdir { offset, size } => {
-            Answer::Listing(ops.readdir(ino, offset)?, size_of(size))
-        }
-        Request::Readdirplus { offset, size } => {
-            Answer::ListingPlus(ops.readdirplus(ino, offset)?, size_of(size))
-        }
+        Request::Readdir { offset, size } => Answer::Listing(
+            ops.readdir(ino, offset, entries_fitting(size, DIRENT_MIN))?,
+            size_of(size),
+        ),
+        Request::Readdirplus { offset, size } => Answer::ListingPlus(
+            ops.readdirplus(ino, offset, entries_fitting(size, DIRENTPLUS_MIN))?,
+            size_of(size),
+        ),
         Request::Releasedir { fh } => ops.releasedir(ino, fh).map(|()| Answer::None)?,
         Request::Fsyncdir => ops.fsyncdir(ino).map(|()| Answer::None)?,
         Request::Access => ops.access(ino).map(|()| Answer::None)?,
