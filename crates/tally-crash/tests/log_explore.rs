@@ -151,27 +151,15 @@ fn cleaning_onto_another_stream_before_its_copies_are_durable_is_caught() {
 const DURABLE_DEPENDENCY_WORKLOADS: [&str; 12] =
     ["aD", "adl", "aDaD", "adeD", "aDc", "maD", "MaD", "aDkD", "aDgD", "adeDc", "aeaD", "aDsaD"];
 
+/// Each-op write-outs first, then the log's own write-outs across ops; the first report with a
+/// violation, else the second's.
 fn durable_dependencies(cfg: ExploreConfig) -> Report {
-    let mut ex = Explorer::new(cfg.clone());
-    let across = ExploreConfig { write_outs: WriteOuts::AcrossOps, ..cfg };
-    let mut ex_across = Explorer::new(across);
-    for ex in [&mut ex, &mut ex_across] {
-        'all: for w in DURABLE_DEPENDENCY_WORKLOADS {
-            let w = Workload::parse(w).expect("workload letters");
-            for start in Start::ALL {
-                ex.run(&w, start, true);
-                if ex.done() {
-                    break 'all;
-                }
-            }
-        }
-    }
-    let (r, r_across) = (ex.report(), ex_across.report());
+    let across = ExploreConfig { write_outs: WriteOuts::AcrossOps, ..cfg.clone() };
+    let r = explore_each(cfg, &DURABLE_DEPENDENCY_WORKLOADS);
     if r.first_violation.is_some() {
-        r
-    } else {
-        r_across
+        return r;
     }
+    explore_each(across, &DURABLE_DEPENDENCY_WORKLOADS)
 }
 
 /// A durable wait makes its transaction's dependency closure durable, and only that: a crash

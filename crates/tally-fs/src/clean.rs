@@ -32,7 +32,6 @@
 //! whichever stream or snapshot it comes from).
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 
 use tally_log::{LogError, Transaction, TxId};
 
@@ -805,24 +804,8 @@ impl Fs {
     /// # Errors
     /// I/O errors (the file system is then read-only).
     pub fn maintain(&self) -> Result<MaintainReport> {
-        let mut report = MaintainReport::default();
-        // Something committed and not durable yet, other than parts of an open large
-        // transaction (a transaction's parts are flushed with its close, not every round).
-        let dirty = (0..self.streams).any(|s| {
-            self.whole_committed
-                .get(usize::from(s))
-                .is_some_and(|last| last.load(Ordering::Relaxed) > self.log.durable_seq(s))
-        });
-        if dirty {
-            self.sync()?;
-            report.synced = true;
-        } else {
-            // What became durable by other means (fsyncs, commits) leaves memory.
-            let mut st = lock(&self.state)?;
-            if !st.cached.is_empty() {
-                self.prune_cache(&mut st);
-            }
-        }
+        let mut report =
+            MaintainReport { synced: self.make_durable()?, ..MaintainReport::default() };
         let seg = u64::from(self.segment_blocks);
         let total = self.log.device().geometry().block_count / seg;
         // The state lock is taken for one segment at a time and given up between segments (as
@@ -1103,6 +1086,22 @@ mod tests {
             })
         }
 
+        /// Wait up to `secs` seconds until the armed read is held at the device.
+        fn wait_held(&self, secs: u64, what: &str) {
+            let g = self.state.lock().unwrap();
+            let (g, t) = self
+                .cv
+                .wait_timeout_while(g, std::time::Duration::from_secs(secs), |s| !s.0)
+                .unwrap();
+            assert!(!t.timed_out() && g.0, "{what}");
+        }
+
+        /// Let the held read (and any later one) go.
+        fn release(&self) {
+            *self.state.lock().unwrap() = (true, true);
+            self.cv.notify_all();
+        }
+
         /// Count from now on the reads made while `fs`'s state lock is held.
         fn watch(&self, fs: &Arc<Fs>) {
             let _ = self.fs.set(Arc::downgrade(fs));
@@ -1184,12 +1183,7 @@ mod tests {
             let fs = fs.clone();
             std::thread::spawn(move || fs.maintain().unwrap())
         };
-        {
-            let g = gate.state.lock().unwrap();
-            let (g, t) =
-                gate.cv.wait_timeout_while(g, std::time::Duration::from_secs(5), |s| !s.0).unwrap();
-            assert!(!t.timed_out() && g.0, "maintain did not read the live block");
-        }
+        gate.wait_held(5, "maintain did not read the live block");
         let (tx, rx) = std::sync::mpsc::channel();
         let other = fs.clone();
         std::thread::spawn(move || {
@@ -1201,8 +1195,7 @@ mod tests {
             let _ = tx.send(());
         });
         let prompt = rx.recv_timeout(std::time::Duration::from_secs(5));
-        *gate.state.lock().unwrap() = (true, true);
-        gate.cv.notify_all();
+        gate.release();
         assert!(prompt.is_ok(), "operations waited for a read maintain made under the lock");
         let report = cleaner.join().unwrap();
         assert!(report.mostly_dead_cleaned >= 1, "{report:?}");
@@ -1250,14 +1243,7 @@ mod tests {
                 }
             })
         };
-        {
-            let g = gate.state.lock().unwrap();
-            let (g, t) = gate
-                .cv
-                .wait_timeout_while(g, std::time::Duration::from_secs(10), |s| !s.0)
-                .unwrap();
-            assert!(!t.timed_out() && g.0, "cleaning did not read the cold file's block");
-        }
+        gate.wait_held(10, "cleaning did not read the cold file's block");
         let (tx, rx) = std::sync::mpsc::channel();
         let other = fs.clone();
         let looker = std::thread::spawn(move || {
@@ -1270,8 +1256,7 @@ mod tests {
             looker.join().unwrap();
             gate.watch(&fs); // the writer is alone now
         }
-        *gate.state.lock().unwrap() = (true, true);
-        gate.cv.notify_all();
+        gate.release();
         assert!(prompt.is_ok(), "operations waited for a read cleaning made under the lock");
         writer.join().unwrap();
         assert_eq!(gate.locked_reads.load(SeqCst), 0, "device reads under the state lock");
@@ -1338,12 +1323,7 @@ mod tests {
             let fs = fs.clone();
             std::thread::spawn(move || fs.clean(0, usize::MAX).unwrap())
         };
-        {
-            let g = gate.state.lock().unwrap();
-            let (g, t) =
-                gate.cv.wait_timeout_while(g, std::time::Duration::from_secs(5), |s| !s.0).unwrap();
-            assert!(!t.timed_out() && g.0, "clean did not read");
-        }
+        gate.wait_held(5, "clean did not read");
         let (tx, rx) = std::sync::mpsc::channel();
         let other = fs.clone();
         std::thread::spawn(move || {
@@ -1352,8 +1332,7 @@ mod tests {
             let _ = tx.send(());
         });
         let prompt = rx.recv_timeout(std::time::Duration::from_secs(5));
-        *gate.state.lock().unwrap() = (true, true);
-        gate.cv.notify_all();
+        gate.release();
         assert!(prompt.is_ok(), "operations waited for a read clean made under the lock");
         let report = cleaner.join().unwrap();
         assert!(report.log.segments_freed >= 1, "{report:?}");

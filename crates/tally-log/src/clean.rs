@@ -25,9 +25,10 @@
 //!   own, never a part of a run on the target.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 
 use crate::api::SegmentUsage;
-use crate::engine::lock;
+use crate::engine::{lock, Stream};
 use crate::recover::read_transactions;
 use crate::{CommitInfo, Log, LogError, Mutant, RecoveredTx, Result, Transaction, TxId};
 
@@ -257,13 +258,7 @@ impl Log {
     where
         F: FnMut(&RecoveredTx) -> Result<Vec<Transaction>>,
     {
-        let st = self
-            .streams
-            .get(usize::from(stream))
-            .ok_or_else(|| LogError::Invalid(format!("no stream {stream}")))?;
-        if usize::from(target) >= self.streams.len() {
-            return Err(LogError::Invalid(format!("no stream {target} to relocate to")));
-        }
+        let st = self.cleaned_stream(stream, target)?;
         let before = self.dev.stats();
         let upto = {
             let st = lock(st);
@@ -288,6 +283,18 @@ impl Log {
         self.relocate_and_checkpoint(stream, target, upto, &txs, relocate, before)
     }
 
+    /// The stream `stream` to clean onto `target`, both checked to exist.
+    fn cleaned_stream(&self, stream: u16, target: u16) -> Result<&Mutex<Stream>> {
+        let st = self
+            .streams
+            .get(usize::from(stream))
+            .ok_or_else(|| LogError::Invalid(format!("no stream {stream}")))?;
+        if usize::from(target) >= self.streams.len() {
+            return Err(LogError::Invalid(format!("no stream {target} to relocate to")));
+        }
+        Ok(st)
+    }
+
     /// [`Log::clean_split_to`] of `stream`'s oldest segment, on `read`: that segment's
     /// transactions as the caller read them ([`Log::oldest_segment_transactions`]), perhaps
     /// with no lock of its own held and a while ago, instead of reading them again. Returns
@@ -310,13 +317,7 @@ impl Log {
     where
         F: FnMut(&RecoveredTx) -> Result<Vec<Transaction>>,
     {
-        let st = self
-            .streams
-            .get(usize::from(stream))
-            .ok_or_else(|| LogError::Invalid(format!("no stream {stream}")))?;
-        if usize::from(target) >= self.streams.len() {
-            return Err(LogError::Invalid(format!("no stream {target} to relocate to")));
-        }
+        let st = self.cleaned_stream(stream, target)?;
         let before = self.dev.stats();
         let placed: Vec<u64> = {
             let st = lock(st);

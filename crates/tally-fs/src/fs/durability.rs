@@ -20,9 +20,16 @@ impl Fs {
     /// # Errors
     /// I/O errors (the file system is then read-only).
     pub fn maintain_durability(&self) -> Result<MaintainReport> {
-        let mut report = MaintainReport::default();
-        // As `maintain`: something committed and not durable yet, other than parts of an open
-        // large transaction (flushed with its close).
+        let report = MaintainReport { synced: self.make_durable()?, ..MaintainReport::default() };
+        self.checkpoint_if_due()?;
+        Ok(report)
+    }
+
+    /// The start of every maintenance round: make committed changes durable when something
+    /// committed is waiting (other than parts of an open large transaction, flushed with its
+    /// close, not every round), or else release from memory the data that became durable by
+    /// other means (fsyncs, commits). True when it synced.
+    pub(crate) fn make_durable(&self) -> Result<bool> {
         let dirty = (0..self.streams).any(|s| {
             self.whole_committed
                 .get(usize::from(s))
@@ -30,15 +37,13 @@ impl Fs {
         });
         if dirty {
             self.sync()?;
-            report.synced = true;
         } else {
             let mut st = lock(&self.state)?;
             if !st.cached.is_empty() {
                 self.prune_cache(&mut st);
             }
         }
-        self.checkpoint_if_due()?;
-        Ok(report)
+        Ok(dirty)
     }
 }
 
