@@ -1215,9 +1215,11 @@ mod tests {
     /// Cleaning when space is low, before a write (`Fs::clean_for_space`), reads the live
     /// blocks of the segment it cleans (with `records`, the first read it makes: the chosen
     /// head's records, to measure it) with the state lock given up: while that read is held,
-    /// operations that need no device I/O (a lookup, a getattr) go on. Once they are done,
-    /// the cleaning the writer makes (alone) reads nothing under the state lock.
-    fn low_space_cleaning_reads_without_the_state_lock(records: bool) {
+    /// operations that need no device I/O (a lookup, a getattr) go on — and with `writes`, a
+    /// create and a write that need space too: with room left above the reserve they do not
+    /// queue behind the cleaning pass. Once they are done, the cleaning the writer makes
+    /// (alone) reads nothing under the state lock.
+    fn low_space_cleaning_reads_without_the_state_lock(records: bool, writes: bool) {
         let gate = Gate::new(1024);
         let dev: Arc<dyn Device> = gate.clone();
         Fs::mkfs(dev.clone(), &MkfsOptions { streams: 1, segment_blocks: 64, uuid: None }).unwrap();
@@ -1249,6 +1251,10 @@ mod tests {
         let looker = std::thread::spawn(move || {
             let _ = other.lookup(ROOT, b"cold").unwrap();
             let _ = other.getattr(hot).unwrap();
+            if writes {
+                let new = other.create(None, ROOT, b"new", 0o644, ME).unwrap().ino;
+                other.write(None, new, 0, &[7; 4096]).unwrap();
+            }
             let _ = tx.send(());
         });
         let prompt = rx.recv_timeout(std::time::Duration::from_secs(5));
@@ -1266,6 +1272,10 @@ mod tests {
         drop(fs);
         let fs = Fs::mount(dev, MountOptions::default()).unwrap();
         assert_eq!(fs.read(cold, 0, 20 * 4096).unwrap(), vec![1; 20 * 4096]);
+        if writes {
+            let new = fs.lookup(ROOT, b"new").unwrap().ino;
+            assert_eq!(fs.read(new, 0, 4096).unwrap(), vec![7; 4096]);
+        }
         assert!(fs.fsck().is_clean());
     }
 
@@ -1303,12 +1313,17 @@ mod tests {
 
     #[test]
     fn low_space_cleaning_reads_live_blocks_without_the_state_lock() {
-        low_space_cleaning_reads_without_the_state_lock(false);
+        low_space_cleaning_reads_without_the_state_lock(false, false);
+    }
+
+    #[test]
+    fn a_writer_with_room_does_not_queue_behind_low_space_cleaning() {
+        low_space_cleaning_reads_without_the_state_lock(false, true);
     }
 
     #[test]
     fn low_space_cleaning_reads_the_head_it_measures_without_the_state_lock() {
-        low_space_cleaning_reads_without_the_state_lock(true);
+        low_space_cleaning_reads_without_the_state_lock(true, false);
     }
 
     /// `Fs::clean` (on demand, `tally clean`) gives the state lock up while it reads: while

@@ -558,8 +558,13 @@ impl Fs {
             }
             if !cleaned && self.cleaning_due(&mut st) {
                 cleaned = true;
+                // With room left above the reserve, an operation does not queue behind
+                // another thread's cleaning pass: it goes on, and only waits when the room
+                // is gone (back-pressure where space is not there).
+                let kept = RESERVED_SEGMENTS.saturating_add(self.snapshot_segments(&mut st));
+                let room = self.log.free_segments() > kept;
                 drop(st);
-                self.clean_for_space()?;
+                self.clean_for_space(room)?;
                 st = lock(&self.state)?;
                 continue;
             }
@@ -694,10 +699,20 @@ impl Fs {
     ///
     /// Called with the state lock not held: it is taken for one segment at a time, so
     /// operations that need no space go on meanwhile. One thread cleans at a time; others
-    /// that found space low wait for it (back-pressure) and then find room, or clean on.
-    pub(crate) fn clean_for_space(&self) -> Result<()> {
+    /// that found space low wait for it (back-pressure) and then find room, or clean on —
+    /// unless `room` (free segments above the reserve are left), when they go on at once
+    /// if another thread is cleaning. (Waiting for another's whole pass was the appenders'
+    /// p99 beside a cleaner: docs/bench/fs.md, the mixed run.)
+    pub(crate) fn clean_for_space(&self, room: bool) -> Result<()> {
         use std::sync::atomic::Ordering::Relaxed;
-        let _cleaner = self.cleaner.lock().map_err(|_| FsError::Poisoned)?;
+        let _cleaner = match self.cleaner.try_lock() {
+            Ok(held) => held,
+            Err(std::sync::TryLockError::WouldBlock) if room => return Ok(()),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                self.cleaner.lock().map_err(|_| FsError::Poisoned)?
+            }
+            Err(std::sync::TryLockError::Poisoned(_)) => return Err(FsError::Poisoned),
+        };
         let segments = self.log.device().geometry().block_count / u64::from(self.segment_blocks);
         let mut st = lock(&self.state)?;
         if let Some(e) = &st.failed {

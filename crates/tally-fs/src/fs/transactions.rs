@@ -111,7 +111,7 @@ impl Fs {
         // waits for the cleaning.
         if self.cleaning_due(&mut st) {
             drop(st);
-            self.clean_for_space()?;
+            self.clean_for_space(false)?;
             st = lock(&self.state)?;
         }
         st.txns.next += 1;
