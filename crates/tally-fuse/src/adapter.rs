@@ -38,11 +38,12 @@ use fuser::{
     RenameFlags, TimeOrNow,
 };
 use tally_client::ioctl;
-use tally_fs::{Attr, FallocFlags, Fs, FsError, Owner, SetAttr, SnapshotOutcome, Txn, XattrSet};
+use tally_fs::{
+    Attr, FallocFlags, Fs, FsError, Maintenance, Owner, SetAttr, SnapshotOutcome, Txn, XattrSet,
+};
 
 use crate::attr::{absent_attr, file_attr, file_type, mknod_kind, perm, set_time, timespec};
 use crate::errno::{errno, Failure};
-use crate::maintenance::{Maintenance, MaintenanceCounts, Policy};
 use crate::privs::truncate_drops_bits;
 use crate::requests::{Opcode, RequestCounts};
 use crate::session::MountConfig;
@@ -169,8 +170,7 @@ pub(crate) struct SetattrIn {
 pub struct TallyFuse {
     /// `None` once unmounted ([`TallyFuse::destroy`]).
     fs: RwLock<Option<Arc<Fs>>>,
-    /// Background durability, and cleaning when the mount is idle, while mounted; stopped
-    /// before unmount (`maintenance.rs`).
+    /// Background durability and cleaning while mounted; stopped before unmount.
     maintenance: Mutex<Option<Maintenance>>,
     /// How long the kernel may cache attributes.
     attr_timeout: Duration,
@@ -218,9 +218,8 @@ pub struct TallyFuse {
 }
 
 impl TallyFuse {
-    /// Serve `fs` as `cfg` says: its cache timeouts, its maintenance (interval and cleaning's
-    /// back-off, counted in `maintained`), and how long a plain request waits for a
-    /// transaction holding what it changes before it gets `EBUSY`.
+    /// Serve `fs` as `cfg` says: its cache timeouts, its maintenance interval, and how long a
+    /// plain request waits for a transaction holding what it changes before it gets `EBUSY`.
     pub(crate) fn new(
         fs: Fs,
         cfg: &MountConfig,
@@ -228,18 +227,12 @@ impl TallyFuse {
         outcome: OutcomeSlot,
         requests: Arc<RequestCounts>,
         notifier: Arc<OnceLock<Notifier>>,
-        maintained: Arc<MaintenanceCounts>,
     ) -> TallyFuse {
         // A request waiting for a transaction holds one of a few request threads; unbounded,
         // enough of them would leave none for the transaction's own requests, and its commit.
         fs.set_txn_wait_max(Some(cfg.txn_wait));
         let fs = Arc::new(fs);
-        let policy = Policy {
-            interval: cfg.maintenance_interval,
-            idle: cfg.clean_idle,
-            defer_max: cfg.clean_defer_max,
-        };
-        let maintenance = Some(Maintenance::spawn(&fs, policy, requests.clone(), maintained));
+        let maintenance = Some(Maintenance::spawn(&fs, cfg.maintenance_interval));
         TallyFuse {
             fs: RwLock::new(Some(fs)),
             maintenance: Mutex::new(maintenance),
@@ -1158,8 +1151,7 @@ impl TallyFuse {
         let cfg =
             MountConfig { maintenance_interval: Duration::from_secs(60), ..Default::default() };
         let (requests, notifier) = (Arc::default(), Arc::default());
-        let outcome = OutcomeSlot::default();
-        TallyFuse::new(fs, &cfg, Txns::default(), outcome, requests, notifier, Arc::default())
+        TallyFuse::new(fs, &cfg, Txns::default(), OutcomeSlot::default(), requests, notifier)
     }
 }
 

@@ -59,10 +59,8 @@
 //! with no journal: a transaction owned by one open file, taking the writes through it
 //! (`adapter/f2fs.rs`).
 //!
-//! While mounted, a maintenance thread makes committed changes durable every
-//! [`MountConfig::maintenance_interval`], and cleans once the mount has been idle for
-//! [`MountConfig::clean_idle`] (or space is low, or cleaning waited
-//! [`MountConfig::clean_defer_max`]; counted in [`Mounted::maintenance`]); the kernel's unmount (or a signal, see
+//! While mounted, a [`tally_fs::Maintenance`] thread makes committed changes durable and cleans
+//! every [`MountConfig::maintenance_interval`]; the kernel's unmount (or a signal, see
 //! [`Mounted::unmount_on_signals`]) ends the session and unmounts the file system cleanly,
 //! writing its snapshot.
 //!
@@ -87,7 +85,6 @@
 mod adapter;
 mod attr;
 mod errno;
-mod maintenance;
 mod privs;
 mod requests;
 mod ring;
@@ -95,10 +92,8 @@ mod session;
 mod txns;
 
 pub use adapter::{TallyFuse, Unmounted};
-pub use maintenance::MaintenanceCounts;
 pub use requests::{Opcode, RequestCounts, RequestSnapshot};
 pub use session::{
     block_termination_signals, mount, parse_options, unmount_dir, IoUring, MountConfig, Mounted,
-    CLEAN_DEFER_MAX_DEFAULT, CLEAN_IDLE_DEFAULT,
 };
 pub use txns::FuseMutant;

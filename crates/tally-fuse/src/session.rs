@@ -19,7 +19,6 @@ use tally_fs::Fs;
 
 use crate::adapter::fuser_glue::{FuserGlue, RingThreads};
 use crate::adapter::{OutcomeSlot, TallyFuse, Unmounted};
-use crate::maintenance::MaintenanceCounts;
 use crate::requests::RequestCounts;
 use crate::txns::{FuseMutant, Txns};
 
@@ -54,16 +53,8 @@ pub struct MountConfig {
     /// Answer F2FS's atomic-write ioctls (`-o no_atomic_write` to refuse them with `ENOTTY`,
     /// as a file system without them does: SQLite then journals; for comparisons).
     pub atomic_writes: bool,
-    /// How often the maintenance thread makes changes durable, and cleaning ahead of need
-    /// becomes due (it runs once the mount is idle, `maintenance.rs`).
+    /// How often the maintenance thread makes changes durable and cleans.
     pub maintenance_interval: Duration,
-    /// How long no request must arrive before due cleaning runs (`-o clean_idle_ms=N`;
-    /// [`CLEAN_IDLE_DEFAULT`]; zero: cleaning runs when due, busy or not). Durability is never
-    /// deferred; cleaning also runs at once when less than a quarter of the log is free.
-    pub clean_idle: Duration,
-    /// How long due cleaning may wait for the mount to be idle (`-o clean_defer_max_ms=N`;
-    /// [`CLEAN_DEFER_MAX_DEFAULT`]), so a mount that is never idle still cleans.
-    pub clean_defer_max: Duration,
     /// How long a change may wait in memory before the log writes it to the device
     /// (`-o commit_ms=N`; write-behind, [`tally_log::WriteBehind`]); zero writes each change
     /// out as it commits. Whoever mounts the [`Fs`] applies it
@@ -102,8 +93,6 @@ impl Default for MountConfig {
             mutant: None,
             atomic_writes: true,
             maintenance_interval: Duration::from_secs(5),
-            clean_idle: CLEAN_IDLE_DEFAULT,
-            clean_defer_max: CLEAN_DEFER_MAX_DEFAULT,
             commit_interval: tally_log::WriteBehind::INTERVAL_DEFAULT,
             replay_budget_mib: None,
             read_ahead_kb: READ_AHEAD_KB_DEFAULT,
@@ -158,21 +147,6 @@ pub const CACHE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(86_400);
 /// as they are used.
 pub const THREADS_DEFAULT: usize = 32;
 
-/// How long the mount must be free of requests before cleaning runs, unless told otherwise
-/// (`-o clean_idle_ms=N`): longer than the pauses inside a burst of file system work (tar,
-/// git, rm and the like send requests microseconds to milliseconds apart; a compiler between
-/// its reads and its output, tens to a few hundred), and a tenth of the maintenance interval,
-/// so an idle mount cleans about as soon as it did without the back-off.
-pub const CLEAN_IDLE_DEFAULT: Duration = Duration::from_millis(500);
-
-/// How long due cleaning waits for an idle mount at most, unless told otherwise
-/// (`-o clean_defer_max_ms=N`): six maintenance intervals. Space running low does not wait
-/// for it; what it bounds is how long dead segments stay uncleaned on a mount never idle.
-pub const CLEAN_DEFER_MAX_DEFAULT: Duration = Duration::from_secs(30);
-
-/// The longest `-o clean_idle_ms=` and `-o clean_defer_max_ms=` accept (a day).
-const CLEAN_MS_MAX: u64 = 86_400_000;
-
 /// Read-ahead unless told otherwise (`-o read_ahead_kb=N`): 1 MiB, the largest request
 /// `fs.fuse.max_pages_limit` lets the kernel send by default, so one read-ahead is one request.
 pub const READ_AHEAD_KB_DEFAULT: u32 = 1024;
@@ -214,12 +188,6 @@ pub fn parse_options(list: &str, cfg: &mut MountConfig) -> Result<(), String> {
                 })?;
                 cfg.commit_interval = Duration::from_millis(ms);
             }
-            o if o.starts_with("clean_idle_ms=") => {
-                cfg.clean_idle = clean_ms(o, "e.g. 500 (0: clean when due, busy or not)")?;
-            }
-            o if o.starts_with("clean_defer_max_ms=") => {
-                cfg.clean_defer_max = clean_ms(o, "e.g. 30000")?;
-            }
             o if o.starts_with("replay_budget_mib=") => {
                 let mib = o["replay_budget_mib=".len()..]
                     .parse::<u64>()
@@ -254,26 +222,13 @@ pub fn parse_options(list: &str, cfg: &mut MountConfig) -> Result<(), String> {
             o => {
                 return Err(format!(
                     "unknown mount option {o:?} (known: default_permissions, allow_other, \
-                     txn_wait_ms=N, commit_ms=N, clean_idle_ms=N, clean_defer_max_ms=N, replay_budget_mib=N, no_atomic_write, read_ahead_kb=N, io_uring=auto|on|off, attr_timeout=S, entry_timeout=S, negative_timeout=S, {})",
+                     txn_wait_ms=N, commit_ms=N, replay_budget_mib=N, no_atomic_write, read_ahead_kb=N, io_uring=auto|on|off, attr_timeout=S, entry_timeout=S, negative_timeout=S, {})",
                     PASSED_THROUGH.join(", ")
                 ));
             }
         }
     }
     Ok(())
-}
-
-/// The milliseconds of a `clean_idle_ms=N` or `clean_defer_max_ms=N` option.
-fn clean_ms(opt: &str, example: &str) -> Result<Duration, String> {
-    let (name, value) = opt.split_once('=').unwrap_or((opt, ""));
-    value
-        .parse::<u64>()
-        .ok()
-        .filter(|&ms| ms <= CLEAN_MS_MAX)
-        .map(Duration::from_millis)
-        .ok_or_else(|| {
-            format!("{opt:?}: {name} takes milliseconds up to {CLEAN_MS_MAX}, {example}")
-        })
 }
 
 /// The seconds of a `NAME=S` cache timeout option.
@@ -312,8 +267,6 @@ pub struct Mounted {
     outcome: OutcomeSlot,
     dir: PathBuf,
     requests: Arc<RequestCounts>,
-    /// What the maintenance thread did.
-    maintained: Arc<MaintenanceCounts>,
     /// The image's device, for its counters (device submissions per request).
     device: Arc<dyn tally_media::Device>,
     /// [`MountConfig::read_ahead_kb`], set once [`Mounted::run`] serves.
@@ -339,7 +292,6 @@ pub fn mount(fs: Fs, dir: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
     let notifier = Arc::new(OnceLock::new());
     let txns = Txns::new(notifier.clone(), cfg.mutant);
     let requests = Arc::new(RequestCounts::default());
-    let maintained = Arc::new(MaintenanceCounts::default());
     let device = fs.log().device().clone();
     let ops = Arc::new(TallyFuse::new(
         fs,
@@ -348,7 +300,6 @@ pub fn mount(fs: Fs, dir: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
         outcome.clone(),
         requests.clone(),
         notifier.clone(),
-        maintained.clone(),
     ));
     let ring_threads = RingThreads::default();
     let adapter = FuserGlue { ops: ops.clone(), ring_threads: ring_threads.clone() };
@@ -374,7 +325,6 @@ pub fn mount(fs: Fs, dir: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
         outcome,
         dir: dir.to_path_buf(),
         requests,
-        maintained,
         device,
         read_ahead_kb: cfg.read_ahead_kb,
     })
@@ -449,14 +399,8 @@ impl Mounted {
         self.requests.clone()
     }
 
-    /// What the maintenance thread did so far: durability rounds, cleaning deferred and run
-    /// (live, as [`Mounted::requests`]).
-    pub fn maintenance(&self) -> Arc<MaintenanceCounts> {
-        self.maintained.clone()
-    }
-
     /// Unmount the directory when SIGTERM, SIGINT or SIGHUP arrives, and log the request
-    /// counts, the maintenance counts and the device's counters so far when SIGUSR1 does (a thread waits for them;
+    /// counts and the device's counters so far when SIGUSR1 does (a thread waits for them;
     /// [`block_termination_signals`] must have run before any thread started, or the signal
     /// may be delivered elsewhere).
     ///
@@ -465,13 +409,11 @@ impl Mounted {
     pub fn unmount_on_signals(&self) -> io::Result<()> {
         let dir = self.dir.clone();
         let requests = self.requests.clone();
-        let maintained = self.maintained.clone();
         let device = self.device.clone();
         std::thread::Builder::new().name("tally-signals".into()).spawn(move || loop {
             let signal = wait_termination_signal();
             if signal == libc::SIGUSR1 {
                 tracing::info!("FUSE requests since mount: {}", requests.snapshot());
-                tracing::info!("maintenance since mount: {maintained}");
                 let d = device.stats();
                 tracing::info!(
                     "device since open: submissions {}, writes {}, flushes {}, bytes written {}, submit syscalls {}, reads {}, bytes read {}",
@@ -658,13 +600,6 @@ mod tests {
         parse_options("io_uring=on", &mut cfg).unwrap();
         assert_eq!(cfg.io_uring, IoUring::On);
         assert!(parse_options("io_uring=yes", &mut cfg).is_err());
-        assert_eq!(cfg.clean_idle, CLEAN_IDLE_DEFAULT);
-        parse_options("clean_idle_ms=0,clean_defer_max_ms=2000", &mut cfg).unwrap();
-        assert_eq!((cfg.clean_idle, cfg.clean_defer_max), (Duration::ZERO, Duration::from_secs(2)));
-        for bad in ["clean_idle_ms=", "clean_idle_ms=0.5", "clean_defer_max_ms=86400001"] {
-            let e = parse_options(bad, &mut cfg).unwrap_err();
-            assert!(e.contains("milliseconds"), "{e}");
-        }
         let e = parse_options("bogus", &mut cfg).unwrap_err();
         assert!(e.contains("bogus"), "{e}");
     }

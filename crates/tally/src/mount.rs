@@ -38,10 +38,6 @@ Mount options (-o, comma-separated, repeatable):
   commit_ms=N           milliseconds a change may wait in memory before it is written to the
                         device (5000, as ext4's commit=5); fsync, sync and a full buffer
                         write sooner; 0 writes each change at once
-  clean_idle_ms=N       milliseconds without requests before the daemon cleans (500); it
-                        makes changes durable every 5 s regardless; 0 cleans on every round
-  clean_defer_max_ms=N  milliseconds cleaning waits for an idle mount at most (30000); less
-                        than a quarter of the log free cleans at once
   read_ahead_kb=N       the kernel's read-ahead for the mount, KiB (1024: one 1 MiB request;
                         0: the kernel's 128), set through sysfs (needs root)
   io_uring=auto|on|off  how requests travel: FUSE over io_uring (per-CPU queues, Linux 6.14+
