@@ -106,6 +106,10 @@ pub(crate) const CACHE_LIMIT: usize = 64 << 20;
 /// with `ENOSPC` when no more than this many are free; deletes and truncates may use them.
 pub(crate) const RESERVED_SEGMENTS: u32 = 2;
 
+/// How many times an operation that finds no space while cleaning is due waits for cleaning
+/// and runs again ([`Fs::op`]).
+const SPACE_TRIES: u32 = 3;
+
 /// What [`Fs::unmount`] left for the next mount (everything is durable either way).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -546,6 +550,11 @@ impl Fs {
         let mut waited_since: Option<std::time::Instant> = None;
         let mut fetched = std::collections::HashMap::new();
         let mut cleaned = false;
+        // An operation that finds no space while cleaning is still due (it went on while
+        // another thread cleaned, or others took what a pass it waited for freed) waits for
+        // cleaning (or cleans) and runs again, a few times at most: `ENOSPC` only when a pass
+        // finds nothing more to gain, or after those tries.
+        let mut space_tries = 0u32;
         loop {
             if let Some(e) = &st.failed {
                 return Err(FsError::read_only(e));
@@ -575,6 +584,18 @@ impl Fs {
                     // Operations that add data or objects leave the reserves and the
                     // reservations whole (`space.rs`).
                     if let Err(e) = self.take_space(&mut st, &cx, grows) {
+                        if matches!(e, FsError::NoSpace)
+                            && space_tries < SPACE_TRIES
+                            && self.cleaning_due(&mut st)
+                        {
+                            space_tries += 1;
+                            fetched = std::mem::take(&mut cx.fetched);
+                            cx.rollback(&mut st);
+                            drop(st);
+                            self.clean_for_space(false)?;
+                            st = lock(&self.state)?;
+                            continue;
+                        }
                         cx.rollback(&mut st);
                         return Err(e);
                     }
@@ -622,6 +643,16 @@ impl Fs {
                         }
                     }
                     return Ok(v);
+                }
+                Err(Stop::Err(FsError::NoSpace))
+                    if space_tries < SPACE_TRIES && self.cleaning_due(&mut st) =>
+                {
+                    space_tries += 1;
+                    fetched = std::mem::take(&mut cx.fetched);
+                    cx.rollback(&mut st);
+                    drop(st);
+                    self.clean_for_space(false)?;
+                    st = lock(&self.state)?;
                 }
                 Err(Stop::Err(e)) => {
                     cx.rollback(&mut st);
