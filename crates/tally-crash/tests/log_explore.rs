@@ -63,10 +63,7 @@ fn large(cfg: ExploreConfig) -> Report {
 /// leaves none of it (its parts keep their places in the chain, without records) or all of it.
 #[test]
 fn large_transactions_across_segments_find_no_violation() {
-    let r = large(ExploreConfig::default());
-    println!("large transactions: {}", summary(&r));
-    assert!(r.crash_points_inside_ops > 0 && r.states_checked > 100, "{}", summary(&r));
-    assert_eq!(r.violations, 0, "first: {:?}", r.first_violation);
+    assert_no_violation("large transactions", &large(ExploreConfig::default()));
 }
 
 /// Recovery that keeps a large transaction's parts without its close (the units of its last
@@ -109,10 +106,7 @@ fn elsewhere(cfg: ExploreConfig) -> Report {
 /// leaves the originals (checkpoint not moved) or the copies (durable on the target).
 #[test]
 fn cleaning_onto_another_stream_finds_no_violation() {
-    let r = elsewhere(ExploreConfig::default());
-    println!("cleaning onto another stream: {}", summary(&r));
-    assert!(r.crash_points_inside_ops > 0 && r.states_checked > 100, "{}", summary(&r));
-    assert_eq!(r.violations, 0, "first: {:?}", r.first_violation);
+    assert_no_violation("cleaning onto another stream", &elsewhere(ExploreConfig::default()));
 }
 
 /// Cleaning that makes only the cleaned stream durable before its checkpoint (the copies on
@@ -130,15 +124,7 @@ fn cleaning_onto_another_stream_before_its_copies_are_durable_is_caught() {
             let cfg =
                 ExploreConfig { mutant: Some(m), stop_at_first: true, ..ExploreConfig::default() };
             let r = elsewhere(cfg);
-            let v = r.first_violation.unwrap_or_else(|| panic!("{} not caught", m.name()));
-            println!(
-                "{} caught by {} after {} states in workload {}: {}",
-                m.name(),
-                v.invariant.name(),
-                v.states_before,
-                v.workload,
-                v.message
-            );
+            print_caught(m, &r);
         }
     }
 }
@@ -167,10 +153,10 @@ fn durable_dependencies(cfg: ExploreConfig) -> Report {
 /// (each-op write-outs and the log's own write-outs across ops).
 #[test]
 fn durable_waits_on_dependencies_elsewhere_find_no_violation() {
-    let r = durable_dependencies(ExploreConfig::default());
-    println!("durable waits on dependencies elsewhere: {}", summary(&r));
-    assert!(r.crash_points_inside_ops > 0 && r.states_checked > 100, "{}", summary(&r));
-    assert_eq!(r.violations, 0, "first: {:?}", r.first_violation);
+    assert_no_violation(
+        "durable waits on dependencies elsewhere",
+        &durable_dependencies(ExploreConfig::default()),
+    );
 }
 
 /// A flush round that makes only the waited-for streams durable, not the dependencies their
@@ -185,16 +171,30 @@ fn a_durable_wait_that_skips_dependencies_elsewhere_is_caught() {
         let cfg =
             ExploreConfig { mutant: Some(m), stop_at_first: true, ..ExploreConfig::default() };
         let r = durable_dependencies(cfg);
-        let v = r.first_violation.unwrap_or_else(|| panic!("{} not caught", m.name()));
-        println!(
-            "{} caught by {} after {} states in workload {}: {}",
-            m.name(),
-            v.invariant.name(),
-            v.states_before,
-            v.workload,
-            v.message
-        );
+        print_caught(m, &r);
     }
+}
+
+/// `r` found no violation, and explored enough to mean it: crash points inside operations and
+/// more than 100 states.
+fn assert_no_violation(what: &str, r: &Report) {
+    println!("{what}: {}", summary(r));
+    assert!(r.crash_points_inside_ops > 0 && r.states_checked > 100, "{}", summary(r));
+    assert_eq!(r.violations, 0, "first: {:?}", r.first_violation);
+}
+
+/// `m` was caught in `r`: say by what, where.
+#[cfg(feature = "mutants")]
+fn print_caught(m: tally_log::Mutant, r: &Report) {
+    let v = r.first_violation.as_ref().unwrap_or_else(|| panic!("{} not caught", m.name()));
+    println!(
+        "{} caught by {} after {} states in workload {}: {}",
+        m.name(),
+        v.invariant.name(),
+        v.states_before,
+        v.workload,
+        v.message
+    );
 }
 
 fn summary(r: &Report) -> String {

@@ -589,11 +589,7 @@ impl Fs {
                             && self.cleaning_due(&mut st)
                         {
                             space_tries += 1;
-                            fetched = std::mem::take(&mut cx.fetched);
-                            cx.rollback(&mut st);
-                            drop(st);
-                            self.clean_for_space(false)?;
-                            st = lock(&self.state)?;
+                            st = self.clean_and_retry(st, cx, &mut fetched)?;
                             continue;
                         }
                         cx.rollback(&mut st);
@@ -648,11 +644,7 @@ impl Fs {
                     if space_tries < SPACE_TRIES && self.cleaning_due(&mut st) =>
                 {
                     space_tries += 1;
-                    fetched = std::mem::take(&mut cx.fetched);
-                    cx.rollback(&mut st);
-                    drop(st);
-                    self.clean_for_space(false)?;
-                    st = lock(&self.state)?;
+                    st = self.clean_and_retry(st, cx, &mut fetched)?;
                 }
                 Err(Stop::Err(e)) => {
                     cx.rollback(&mut st);
@@ -687,6 +679,22 @@ impl Fs {
                 }
             }
         }
+    }
+
+    /// An operation that found no space while cleaning is due, before it runs again: roll
+    /// `cx` back (keeping the blocks it fetched), clean or wait for the cleaner, and take the
+    /// state lock again.
+    fn clean_and_retry<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        mut cx: Cx,
+        fetched: &mut std::collections::HashMap<(Ino, u64), crate::txn::Fetched>,
+    ) -> Result<MutexGuard<'a, State>> {
+        *fetched = std::mem::take(&mut cx.fetched);
+        cx.rollback(&mut st);
+        drop(st);
+        self.clean_for_space(false)?;
+        lock(&self.state)
     }
 
     /// Make the data held in memory durable and drop it, after a commit took it past
