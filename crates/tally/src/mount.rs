@@ -537,11 +537,13 @@ fn umount(args: &UmountArgs) -> Result<String, Stop> {
             return Ok(match snapshot_written(&image) {
                 Some(true) => format!("{done}, written its snapshot and exited"),
                 Some(false) => {
+                    // Not "made durable": a daemon killed before the unmount made nothing
+                    // durable at exit (what it acknowledged as durable is on the image).
                     eprintln!(
-                        "tally umount: warning: the daemon wrote no snapshot (its log says why); \
-                         the next mount scans the log"
+                        "tally umount: warning: the daemon wrote no snapshot (no room for it, or \
+                         the daemon was killed: its log says which); the next mount scans the log"
                     );
-                    format!("{done} and exited, without a snapshot")
+                    format!("unmounted {}; the daemon exited without a snapshot", dir.display())
                 }
                 None => format!("{done} and exited"),
             });
