@@ -32,6 +32,7 @@
 //! whichever stream or snapshot it comes from).
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 
 use tally_log::{LogError, Transaction, TxId};
 
@@ -794,6 +795,27 @@ const CLEAN_BELOW_FREE_PERCENT: u64 = 25;
 const MAINTAIN_MAX_LIVE_PERCENT: u64 = 75;
 
 impl Fs {
+    /// The start of every maintenance round: make committed changes durable when something
+    /// committed is waiting (other than parts of an open large transaction, flushed with its
+    /// close, not every round), or else release from memory the data that became durable by
+    /// other means (fsyncs, commits). True when it synced.
+    pub(crate) fn make_durable(&self) -> Result<bool> {
+        let dirty = (0..self.streams).any(|s| {
+            self.whole_committed
+                .get(usize::from(s))
+                .is_some_and(|last| last.load(Ordering::Relaxed) > self.log.durable_seq(s))
+        });
+        if dirty {
+            self.sync()?;
+        } else {
+            let mut st = lock(&self.state)?;
+            if !st.cached.is_empty() {
+                self.prune_cache(&mut st);
+            }
+        }
+        Ok(dirty)
+    }
+
     /// One round of background work: make committed changes durable (bounding what a crash can
     /// lose to one round, as ext4's commit interval does, and releasing the data held in memory
     /// until durable); clean each stream's oldest segment while less than half of it is live

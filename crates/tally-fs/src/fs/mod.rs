@@ -33,7 +33,6 @@ use crate::{FsError, Result};
 mod commit;
 mod copy;
 mod data;
-mod durability;
 mod large;
 mod namespace;
 mod read;
@@ -570,7 +569,7 @@ impl Fs {
                 // With room left above the reserve, an operation does not queue behind
                 // another thread's cleaning pass: it goes on, and only waits when the room
                 // is gone (back-pressure where space is not there).
-                let kept = RESERVED_SEGMENTS.saturating_add(self.snapshot_segments(&mut st));
+                let kept = self.kept_segments(&mut st);
                 let room = self.log.free_segments() > kept;
                 drop(st);
                 self.clean_for_space(room)?;
@@ -719,7 +718,7 @@ impl Fs {
     fn cleaning_due(&self, st: &mut State) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         // The snapshot's segments are not free for operations either (`space.rs`).
-        let kept = RESERVED_SEGMENTS.saturating_add(self.snapshot_segments(st));
+        let kept = self.kept_segments(st);
         // A pass that left space low is tried again once more data died, or while what the
         // accounting calls free (`live.rs`) is at least a segment: that space is there, in
         // dead blocks and holes that cleaning has not reached yet, and statfs promised it.

@@ -51,10 +51,16 @@ impl Fs {
         segments
     }
 
+    /// Free segments no growing operation may take: the reserve and the clean-unmount
+    /// snapshot's room.
+    pub(crate) fn kept_segments(&self, st: &mut State) -> u32 {
+        RESERVED_SEGMENTS.saturating_add(self.snapshot_segments(st))
+    }
+
     /// Blocks free for operations that grow outside reservations, before the reservations
     /// are taken from them.
     pub(crate) fn growth_blocks(&self, st: &mut State) -> u64 {
-        let kept = RESERVED_SEGMENTS.saturating_add(self.snapshot_segments(st));
+        let kept = self.kept_segments(st);
         let free = self.log.free_segments().saturating_sub(kept);
         u64::from(free) * u64::from(self.segment_blocks)
     }
@@ -87,7 +93,7 @@ impl Fs {
             let free = self.log.free_segments();
             let room = self.growth_blocks(st);
             let left = Self::reservation_cost(st.reserved.blocks() - consumed.len() as u64);
-            let kept = RESERVED_SEGMENTS.saturating_add(self.snapshot_segments(st));
+            let kept = self.kept_segments(st);
             if free <= kept || room < left.saturating_add(outside) {
                 return Err(FsError::NoSpace);
             }
