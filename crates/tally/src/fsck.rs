@@ -59,7 +59,7 @@ image (not a Tally image, truncated, or unreadable). After --salvage --force: 0 
 image checks clean.
 
 JSON (--json): {\"image\", \"status\": \"clean\"|\"corrupt\"|\"unusable\"|\"in_use\"|\"bad_arguments\", \"exit_code\", \
-\"superblocks\": [{\"block\", \"valid\", \"generation\", \"error\"}], \"mount\": {\"from_snapshot\", \
+\"superblocks\": [{\"block\", \"valid\", \"generation\", \"error\"}], \"mount\": {\"from_snapshot\", \"from_checkpoint\", \
 \"blocks_read\", \"transactions_replayed\", \"inodes\", \"orphans_freed\", \"time\"} or null, \
 \"checked\": {\"inodes\", \"entries\", \"data_blocks\", \"problems\"} or null, \"salvaged\": \
 [{\"stream\", \"kept_seq\", \"block\", \"proven_seq\", \"dropped_seqs\"}] or null, \"error\": text or null}; \
@@ -443,7 +443,13 @@ fn print_text(report: &Report) {
         }
     }
     if let Some(m) = &report.mount {
-        if m.from_snapshot {
+        if m.from_checkpoint {
+            println!(
+                "mounted from a checkpoint snapshot, then {} transactions after it replayed ({} \
+                 blocks read), {} inodes, {} orphans freed (in memory; the image is unchanged)",
+                m.transactions_replayed, m.blocks_read, m.inodes, m.orphans_freed
+            );
+        } else if m.from_snapshot {
             println!(
                 "mounted from the clean-unmount snapshot ({} blocks read), {} inodes",
                 m.blocks_read, m.inodes

@@ -535,13 +535,21 @@ fn umount(args: &UmountArgs) -> Result<String, Stop> {
                 image.display()
             );
             return Ok(match snapshot_written(&image) {
-                Some(true) => format!("{done}, written its snapshot and exited"),
-                Some(false) => {
+                Some(Snapshot::Clean) => format!("{done}, written its snapshot and exited"),
+                Some(found) => {
                     // Not "made durable": a daemon killed before the unmount made nothing
-                    // durable at exit (what it acknowledged as durable is on the image).
+                    // durable at exit (what it acknowledged as durable is on the image). A
+                    // checkpoint snapshot in force is one the daemon wrote while serving, not
+                    // the clean unmount's.
+                    let next = if found == Snapshot::Checkpoint {
+                        "the next mount reads its last checkpoint snapshot and replays the log \
+                         after it"
+                    } else {
+                        "the next mount scans the log"
+                    };
                     eprintln!(
-                        "tally umount: warning: the daemon wrote no snapshot (no room for it, or \
-                         the daemon was killed: its log says which); the next mount scans the log"
+                        "tally umount: warning: the daemon wrote no snapshot at unmount (no room \
+                         for it, or the daemon was killed: its log says which); {next}"
                     );
                     format!("unmounted {}; the daemon exited without a snapshot", dir.display())
                 }
@@ -560,13 +568,29 @@ fn umount(args: &UmountArgs) -> Result<String, Stop> {
     }
 }
 
-/// Whether the image's superblock in force points at a clean-unmount snapshot (`None`: it
-/// cannot be read, e.g. another mount took it meanwhile).
-fn snapshot_written(image: &Path) -> Option<bool> {
+/// The snapshot the image's superblock in force points at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Snapshot {
+    /// A clean unmount's: written by the daemon as it exited.
+    Clean,
+    /// A checkpoint snapshot, written while the daemon served (flag bit 1): it says nothing
+    /// about how the daemon ended.
+    Checkpoint,
+    /// None.
+    Absent,
+}
+
+/// Which snapshot the image's superblock in force points at (`None`: it cannot be read, e.g.
+/// another mount took it meanwhile).
+fn snapshot_written(image: &Path) -> Option<Snapshot> {
     let opened = crate::fsck::open_image(image, "umount", true).ok()?;
     let best =
         opened.copies.iter().filter_map(|(_, sb)| sb.as_ref()).max_by_key(|sb| sb.generation);
-    best.map(|sb| sb.snapshot.is_some())
+    best.map(|sb| match (sb.snapshot, sb.snapshot_generation) {
+        (Some(_), None) => Snapshot::Clean,
+        (Some(_), Some(_)) => Snapshot::Checkpoint,
+        (None, _) => Snapshot::Absent,
+    })
 }
 
 /// Source and type of the mount at `dir`, from `/proc/self/mounts` (the last one wins: it

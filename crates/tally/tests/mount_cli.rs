@@ -6,7 +6,7 @@ mod common;
 use std::fs::{self, File};
 use std::time::Duration;
 
-use common::{code, require_fuse, scratch, stderr, tally, wait_until};
+use common::{code, require_fuse, scratch, stderr, stdout, tally, text, wait_until};
 
 #[test]
 fn mkfs_makes_sparse_images_and_refuses_to_overwrite() {
@@ -136,5 +136,52 @@ fn a_daemon_killed_with_sigkill_keeps_what_was_fsynced() {
     fs.lookup(tally_fs::ROOT, b"d").unwrap();
     common::check_clean_and_unmount(fs);
     drop(guard);
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// A daemon killed after it wrote a checkpoint snapshot (while serving) must not be reported
+/// as having written its unmount snapshot: the superblock points at a snapshot either way, and
+/// only its checkpoint flag tells them apart. fsck says which it mounted from.
+#[test]
+fn a_killed_daemon_with_a_checkpoint_snapshot_is_not_said_to_have_written_its_own() {
+    require_fuse!();
+    let dir = scratch("mount-cli", "sigkill-checkpoint");
+    let (image, mnt, log) = common::mkfs_in(&dir, "128M");
+    // A 1 MiB replay budget: the 4 MiB written below takes at least one checkpoint snapshot.
+    let out = tally(&["mount", "-o", "replay_budget_mib=1", "--log"], &[&log, &image, &mnt]);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    let guard = common::Unmount(mnt.clone());
+    let pid = common::daemon_pid(&out);
+    let chunk = vec![7u8; 1 << 20];
+    for i in 0..4 {
+        fs::write(mnt.join(format!("f{i}")), &chunk).unwrap();
+    }
+    let out = tally(&["sync"], &[&mnt]);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+
+    common::sigkill(pid);
+    let out = tally(&["umount", "--lazy"], &[&mnt]);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    assert!(stdout(&out).contains("exited without a snapshot"), "{}", text(&out));
+    assert!(!stdout(&out).contains("written its snapshot"), "{}", text(&out));
+    assert!(stderr(&out).contains("checkpoint snapshot"), "{}", text(&out));
+    drop(guard);
+
+    let out = tally(&["fsck"], &[&image]);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    assert!(stdout(&out).contains("mounted from a checkpoint snapshot"), "{}", text(&out));
+    let out = tally(&["fsck", "--json"], &[&image]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["mount"]["from_checkpoint"], true, "{v}");
+    let dev: std::sync::Arc<dyn tally_media::Device> = std::sync::Arc::new(
+        tally_media::FileDevice::open(&image, tally_media::FileOptions::default()).unwrap(),
+    );
+    let fs = tally_fs::Fs::mount(dev, tally_fs::MountOptions::default()).unwrap();
+    assert!(fs.mount_report().from_checkpoint, "{:?}", fs.mount_report());
+    for i in 0..4 {
+        let a = fs.lookup(tally_fs::ROOT, format!("f{i}").as_bytes()).unwrap();
+        assert_eq!(fs.read(a.ino, 0, 1 << 20).unwrap(), chunk);
+    }
+    common::check_clean_and_unmount(fs);
     let _ = fs::remove_dir_all(&dir);
 }
