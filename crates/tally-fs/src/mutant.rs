@@ -36,17 +36,23 @@ pub enum FsMutant {
     /// [`FsMutant::ALL`] (the explorer's workloads have no online checkpoint yet);
     /// `tests/checkpoint.rs` must catch it.
     CheckpointTombstoneDropped,
+    /// A transaction that changes a directory's entries (create, unlink, rename, ...) is not
+    /// made a barrier: a later durable wait on another stream's file leaves it out, and a
+    /// crash keeps the later, acknowledged change without it (SQLite's journal unlink lost
+    /// under a later commit: the database rolled back over acknowledged commits).
+    NamespaceNotOrdered,
 }
 
 impl FsMutant {
     /// Every mutant.
-    pub const ALL: [FsMutant; 6] = [
+    pub const ALL: [FsMutant; 7] = [
         FsMutant::RenameSplit,
         FsMutant::UnlinkSplit,
         FsMutant::NoDependencies,
         FsMutant::ReplayInLogOrder,
         FsMutant::FsyncNotDurable,
         FsMutant::TombstoneDroppedEarly,
+        FsMutant::NamespaceNotOrdered,
     ];
 
     /// Kebab-case name.
@@ -62,6 +68,7 @@ impl FsMutant {
             FsMutant::FsckSkipsDataBlocks => "fsck-skips-data-blocks",
             FsMutant::BarrierKeepsOldest => "barrier-keeps-oldest",
             FsMutant::CheckpointTombstoneDropped => "checkpoint-tombstone-dropped",
+            FsMutant::NamespaceNotOrdered => "namespace-not-ordered",
         }
     }
 

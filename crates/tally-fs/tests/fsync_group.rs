@@ -1,6 +1,6 @@
 //! Many fsyncs of different files share one device flush (issue 16 item 3): an fsync holds no
 //! lock of the file system while it waits (other threads commit meanwhile), and the log's group
-//! flusher makes every transaction committed before its cut durable with one flush. On a device
+//! flusher serves every waiter registered before a round with that round's one flush. On a device
 //! whose flush takes a while, 8 threads appending 4 KiB and fsyncing their own files need far
 //! fewer flushes than fsyncs; one thread needs exactly one per fsync.
 

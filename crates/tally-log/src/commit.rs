@@ -23,6 +23,8 @@ pub(crate) struct Encoded {
     /// Blocks placed: units, data, and a classic commit's commit block.
     pub span: u64,
     pub record_count: u32,
+    /// The dependencies the body records (on other streams, not durable when encoded).
+    pub deps: Vec<TxId>,
 }
 
 impl Log {
@@ -165,7 +167,7 @@ impl Log {
         let placeholder = tx.run.map(|_| Run { role: RunRole::Part, seq: 0, index: 0 });
         // The records move into the body; the caller needs only the data blocks after this.
         let records = std::mem::take(&mut tx.records);
-        let body = Body { deps, data_crcs, records, run: placeholder }.encode();
+        let body = Body { deps: deps.clone(), data_crcs, records, run: placeholder }.encode();
         let cap = payload_capacity(self.block_size);
         let unit_count = body.len().div_ceil(cap).max(1) as u64;
         let data_count = tx.data.len() as u64;
@@ -173,7 +175,7 @@ impl Log {
         if span > u64::from(self.segment_blocks) {
             return Err(LogError::TooLarge { blocks: span, segment_blocks: self.segment_blocks });
         }
-        Ok(Encoded { body, unit_count, data_count, span, record_count })
+        Ok(Encoded { body, unit_count, data_count, span, record_count, deps })
     }
 
     /// Lock stream `s` with a sequence number free to take (raising the durable reservation
@@ -254,7 +256,8 @@ impl Log {
         }
     }
 
-    /// Advance the stream past the transaction placed at `start` and remember its place.
+    /// Advance the stream past the transaction placed at `start` and remember its place (and
+    /// its dependencies, until it is durable: `Stream::waits_on`).
     pub(crate) fn record_placed(
         &self,
         st: &mut Stream,
@@ -263,13 +266,15 @@ impl Log {
         start: u64,
     ) -> CommitInfo {
         let seq = header.seq;
+        if !enc.deps.is_empty() {
+            st.waits_on.insert(seq, enc.deps.clone());
+        }
         st.offset += enc.span as u32;
         st.last_seq = seq;
         st.next_seq = seq + 1;
         st.placed.push_back(Placed {
             seq,
             epoch: st.epoch,
-            clock: self.clock.fetch_add(1, Ordering::SeqCst),
             end_segment: st.segment,
             end_offset: st.offset,
             next_segment: st.next_segment,

@@ -1,6 +1,12 @@
-//! Durability: one group flush for every waiter that arrived before it began, over a
-//! consistent cut of what was committed (the global commit clock keeps a dependency inside
-//! the cut with its dependent).
+//! Durability: a waiter registers what it needs (a transaction: its stream's prefix up to it);
+//! a flush round serves the union of the needs registered when it starts, closed over the
+//! dependencies those transactions record (transitively, `Stream::waits_on`): for each stream
+//! touched, the highest seq the closure needs is written out and waited for on that stream
+//! alone; then one device flush, shared by every waiter of the round; then only those
+//! streams' durable watermarks advance, each to its target. Other streams' buffered and
+//! in-flight writes are not waited for: a small transaction's durability does not wait for an
+//! unrelated stream's large writes. A stream's watermark stays a prefix whose dependency
+//! closure is durable, so a waiter only compares its own stream's watermark.
 
 use std::sync::atomic::Ordering;
 
@@ -12,38 +18,32 @@ use crate::{LogError, Mutant, Result};
 
 impl Log {
     /// Block until transaction `t` (and so everything before it on its stream, and everything
-    /// it depends on) is durable. One flush serves every waiter that arrived before it began.
+    /// it depends on, transitively) is durable. One flush serves every waiter registered before
+    /// it began; streams that `t` neither is on nor depends on are not written out for it.
     ///
     /// # Errors
     /// I/O errors (the log is then failed) and an unknown stream.
     pub fn wait_durable(&self, t: TxId) -> Result<()> {
-        let st = self
-            .streams
-            .get(usize::from(t.stream))
-            .ok_or_else(|| LogError::Invalid(format!("no stream {}", t.stream)))?;
-        loop {
-            if lock(st).durable >= t.seq {
-                return Ok(());
-            }
-            self.check_failed()?;
-            let mut f = lock(&self.flush);
-            if f.flushing {
-                let _f = self.flush_cv.wait(f).unwrap_or_else(std::sync::PoisonError::into_inner);
-                continue;
-            }
-            if lock(st).durable >= t.seq {
-                return Ok(());
-            }
-            f.flushing = true;
-            drop(f);
-            let result = self.flush_round();
-            lock(&self.flush).flushing = false;
-            self.flush_cv.notify_all();
-            result?;
+        if usize::from(t.stream) >= self.streams.len() {
+            return Err(LogError::Invalid(format!("no stream {}", t.stream)));
         }
+        self.wait_for(&[t])
     }
 
-    /// Make everything committed so far durable.
+    /// [`Log::wait_durable`] for several transactions at once, in one round when none is in
+    /// progress (a file's last change and the changes every durable wait must take along,
+    /// such as the file system's pending namespace changes).
+    ///
+    /// # Errors
+    /// As [`Log::wait_durable`].
+    pub fn wait_durable_all(&self, wants: &[TxId]) -> Result<()> {
+        if let Some(t) = wants.iter().find(|t| usize::from(t.stream) >= self.streams.len()) {
+            return Err(LogError::Invalid(format!("no stream {}", t.stream)));
+        }
+        self.wait_for(wants)
+    }
+
+    /// Make everything committed so far durable (every stream, in one round).
     ///
     /// # Errors
     /// I/O errors.
@@ -51,27 +51,103 @@ impl Log {
         // Also when everything is durable already: a clean close or a snapshot after a
         // failure (or a panic) must not be written.
         self.check_failed()?;
-        for s in 0..self.streams.len() {
-            let last = lock(&self.streams[s]).last_seq;
-            self.wait_durable(TxId { stream: s as u16, seq: last })?;
-        }
-        Ok(())
+        let wants: Vec<TxId> = (0..self.streams.len())
+            .map(|s| TxId { stream: s as u16, seq: lock(&self.streams[s]).last_seq })
+            .collect();
+        self.wait_for(&wants)
     }
 
-    /// One group flush: take a consistent cut of everything committed (by the global commit
-    /// clock, so a dependency is always inside the cut with its dependent), wait for those
-    /// writes to complete, flush once, advance every stream's durable watermark.
-    pub(crate) fn flush_round(&self) -> Result<()> {
-        self.flush_rounds.fetch_add(1, Ordering::Relaxed);
-        let cut = self.clock.load(Ordering::SeqCst);
-        let mut targets = Vec::with_capacity(self.streams.len());
-        for s in 0..self.streams.len() {
-            let st = lock(&self.streams[s]);
-            let target =
-                st.placed.iter().rev().find(|p| p.clock < cut).map_or(st.durable, |p| p.seq);
-            targets.push(target.max(st.durable));
+    /// Block until every transaction of `wants` (valid streams) is durable: register them,
+    /// then wait for the round that serves them, or run it when no round is in progress.
+    fn wait_for(&self, wants: &[TxId]) -> Result<()> {
+        let unmet = |w: &TxId| lock(&self.streams[usize::from(w.stream)]).durable < w.seq;
+        loop {
+            if !wants.iter().any(unmet) {
+                return Ok(());
+            }
+            self.check_failed()?;
+            let mut f = lock(&self.flush);
+            for w in wants {
+                // (Registered again after every wake-up: a stale need only widens a round.)
+                if let Some(need) = f.needs.get_mut(usize::from(w.stream)) {
+                    *need = (*need).max(w.seq);
+                }
+            }
+            if f.flushing {
+                let _f = self.flush_cv.wait(f).unwrap_or_else(std::sync::PoisonError::into_inner);
+                continue;
+            }
+            if !wants.iter().any(unmet) {
+                return Ok(());
+            }
+            f.flushing = true;
+            let needs = std::mem::replace(&mut f.needs, vec![0; self.streams.len()]);
+            drop(f);
+            let result = self.flush_round(needs);
+            lock(&self.flush).flushing = false;
+            self.flush_cv.notify_all();
+            result?;
         }
-        for (s, &target) in targets.iter().enumerate() {
+    }
+
+    /// Close `needs` (per stream, the highest seq wanted durable; 0: none) over the
+    /// dependencies the wanted transactions and their stream predecessors record, transitively:
+    /// afterwards every not-yet-durable transaction at or below a stream's need has its
+    /// dependencies at or below their streams' needs. Needs are capped at what is placed.
+    pub(crate) fn dependency_closure(&self, needs: &mut [u64]) {
+        // Per stream, the seq up to which dependencies were gathered.
+        let mut scanned = vec![0u64; needs.len()];
+        let mut changed = true;
+        while changed {
+            changed = false;
+            for s in 0..needs.len() {
+                if needs[s] <= scanned[s] {
+                    continue;
+                }
+                let deps: Vec<TxId> = {
+                    let st = lock(&self.streams[s]);
+                    needs[s] = needs[s].min(st.last_seq);
+                    let from = scanned[s].max(st.durable);
+                    if needs[s] <= from {
+                        Vec::new()
+                    } else {
+                        (st.waits_on.range(from + 1..=needs[s]))
+                            .flat_map(|(_, d)| d.iter().copied())
+                            .collect()
+                    }
+                };
+                scanned[s] = needs[s];
+                for d in deps {
+                    if let Some(need) = needs.get_mut(usize::from(d.stream)) {
+                        if *need < d.seq {
+                            *need = d.seq;
+                            changed = true;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// One group flush for `needs` (per stream, the highest seq wanted durable): close them
+    /// over their dependencies, write out and wait for each needed stream up to its target
+    /// (that stream's writes only), flush once, advance those streams' durable watermarks.
+    pub(crate) fn flush_round(&self, mut needs: Vec<u64>) -> Result<()> {
+        self.flush_rounds.fetch_add(1, Ordering::Relaxed);
+        if self.mutant(Mutant::DurableClosureSkipped) {
+            for (s, need) in needs.iter_mut().enumerate() {
+                *need = (*need).min(lock(&self.streams[s]).last_seq);
+            }
+        } else {
+            self.dependency_closure(&mut needs);
+        }
+        let mut targets = Vec::new();
+        for (s, &need) in needs.iter().enumerate() {
+            if need > lock(&self.streams[s]).durable {
+                targets.push((s, need));
+            }
+        }
+        for &(s, target) in &targets {
             self.wait_submitted(s, target)?;
             let tickets: Vec<Ticket> = {
                 let mut st = lock(&self.streams[s]);
@@ -87,9 +163,16 @@ impl Log {
         if !self.mutant(Mutant::FlushSkipped) {
             self.dev.flush().map_err(|e| self.fail(e))?;
         }
-        for (s, &target) in targets.iter().enumerate() {
+        for &(s, target) in &targets {
             let mut st = lock(&self.streams[s]);
             st.durable = st.durable.max(target);
+            let durable = st.durable;
+            while let Some(e) = st.waits_on.first_entry() {
+                if *e.key() > durable {
+                    break;
+                }
+                e.remove();
+            }
         }
         Ok(())
     }

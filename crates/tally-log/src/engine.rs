@@ -17,6 +17,7 @@ use tally_media::{Device, IoBuf, MediaError, Ticket, Write, WriteFlags};
 use crate::writeback::{Buffered, Flusher, InFlight, Writer};
 
 use crate::api::{LogConfig, LogStats, OpenOptions};
+use crate::format::body::TxId;
 use crate::format::superblock::{StreamRoot, Superblock, SB_BLOCKS};
 use crate::space::Space;
 use crate::{LogError, Mutant, Result};
@@ -26,8 +27,6 @@ use crate::{LogError, Mutant, Result};
 pub(crate) struct Placed {
     pub seq: u64,
     pub epoch: u32,
-    /// Global commit order, for the flusher's consistent cut.
-    pub clock: u64,
     /// Segment holding the span (spans never cross segments).
     pub end_segment: u32,
     pub end_offset: u32,
@@ -69,6 +68,11 @@ pub(crate) struct Stream {
     /// The last close of a large transaction committed since the open (0: none). A reader of
     /// the device that finds parts must see their close: it waits until this is durable.
     pub last_close: u64,
+    /// Placed transactions above `durable` that depend on other streams' transactions, by
+    /// seq: the dependencies their body records (`Log::live_deps`). A flush round reads them
+    /// to make a transaction's dependency closure durable with it without reading the device;
+    /// dropped once the transaction is durable.
+    pub waits_on: BTreeMap<u64, Vec<TxId>>,
 }
 
 pub(crate) struct SbState {
@@ -77,9 +81,11 @@ pub(crate) struct SbState {
     pub slot: usize,
 }
 
-#[derive(Default)]
 pub(crate) struct FlushState {
     pub flushing: bool,
+    /// Per stream, the highest seq a waiter asked to be durable since the round in progress
+    /// (if any) began (0: none): what the next round makes durable, with its dependencies.
+    pub needs: Vec<u64>,
 }
 
 /// An open log.
@@ -95,7 +101,6 @@ pub struct Log {
     pub(crate) sb: Mutex<SbState>,
     pub(crate) flush: Mutex<FlushState>,
     pub(crate) flush_cv: Condvar,
-    pub(crate) clock: AtomicU64,
     pub(crate) options: OpenOptions,
     pub(crate) commits: AtomicU64,
     pub(crate) flush_rounds: AtomicU64,
@@ -226,9 +231,8 @@ impl Log {
             stream_cv,
             space: Mutex::new(space),
             sb: Mutex::new(sb),
-            flush: Mutex::new(FlushState::default()),
+            flush: Mutex::new(FlushState { flushing: false, needs: vec![0; n] }),
             flush_cv: Condvar::new(),
-            clock: AtomicU64::new(1),
             options,
             commits: AtomicU64::new(0),
             flush_rounds: AtomicU64::new(0),

@@ -10,7 +10,10 @@
 //!   after the last checkpoint;
 //! - **dependency closure**: no transaction survives without the transactions it depends on;
 //! - **durability on demand**: a transaction whose [`Log::wait_durable`] (or
-//!   [`Log::commit_durable`]) returned survives.
+//!   [`Log::commit_durable`]) returned survives. The wait covers what that needs and no more:
+//!   its stream's prefix up to it and, transitively, each dependency's stream prefix up to the
+//!   dependency; other streams' buffered writes are not written out or waited for. Waiters
+//!   arriving together share one flush round (and one device flush).
 //!
 //! ```
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -68,11 +68,15 @@ pub enum Mutant {
     /// its checkpoint frees the cleaned segments: a crash can keep the checkpoint and lose the
     /// copies on the target stream (what was live in the freed segments is gone).
     RelocationNotDurable,
+    /// A flush round makes durable only the transactions its waiters asked for (each stream's
+    /// prefix up to them), not their dependencies on other streams: a transaction
+    /// acknowledged durable is cut by recovery when a dependency did not reach the media.
+    DurableClosureSkipped,
 }
 
 impl Mutant {
     /// Every mutant, in a fixed order.
-    pub const ALL: [Mutant; 19] = [
+    pub const ALL: [Mutant; 20] = [
         Mutant::NoPrefixCut,
         Mutant::NoDependencyClosure,
         Mutant::CountOffByOne,
@@ -92,6 +96,7 @@ impl Mutant {
         Mutant::WriteOutReordered,
         Mutant::RunUnclosedKept,
         Mutant::RelocationNotDurable,
+        Mutant::DurableClosureSkipped,
     ];
 
     /// Kebab-case name, as the CLI takes it.
@@ -120,6 +125,7 @@ impl Mutant {
             Mutant::RunUnclosedKept => "run-unclosed-kept",
             Mutant::CleanReadUnchecked => "clean-read-unchecked",
             Mutant::RelocationNotDurable => "relocation-not-durable",
+            Mutant::DurableClosureSkipped => "durable-closure-skipped",
         }
     }
 

@@ -561,6 +561,7 @@ fn resume_streams(
             durable: tail,
             runs: std::collections::BTreeMap::new(),
             last_close: 0,
+            waits_on: std::collections::BTreeMap::new(),
         });
         out.report.push(StreamRecovery {
             txs: scan.txs.into_iter().map(|t| t.0).collect(),
@@ -842,7 +843,6 @@ fn scan_stream(ctx: &Ctx<'_>, s: u16) -> Result<Scan> {
         let placed = Placed {
             seq: header.seq,
             epoch: header.epoch,
-            clock: 0,
             end_segment: scan.end_segment,
             end_offset: scan.end_offset,
             next_segment: scan.next_segment,

@@ -233,6 +233,7 @@ impl Restored {
             durable: self.last_seq,
             runs: std::collections::BTreeMap::new(),
             last_close: 0,
+            waits_on: std::collections::BTreeMap::new(),
         }
     }
 
@@ -240,7 +241,6 @@ impl Restored {
         let placed = |p: PlacedTx| Placed {
             seq: p.seq,
             epoch: p.epoch,
-            clock: 0,
             end_segment: p.end_segment,
             end_offset: p.end_offset,
             next_segment: p.next_segment,

@@ -75,15 +75,46 @@ fn a_durable_commit_writes_out_only_up_to_what_it_needs() {
     let (log, _) = open(&dev, behind(1 << 20, 1 << 30));
     log.commit(tx(0, "a")).unwrap();
     log.commit(tx(1, "b")).unwrap();
+    let before = dev.stats();
     log.commit_durable(tx(0, "A")).unwrap();
-    // The flush round's cut holds everything committed before it, on both streams.
-    assert_eq!(log.stats().buffered_bytes, 0);
-    log.commit(tx(0, "later")).unwrap();
+    // Its stream's prefix up to it, and nothing of stream 1: it depends on nothing there.
+    let spent = dev.stats() - before;
+    assert_eq!((spent.submissions, spent.flushes), (1, 1), "{spent:?}");
     assert_eq!(log.stats().buffered_bytes, u64::from(BS));
-    drop(log); // discards "later": it was never promised durable
+    assert_eq!((log.durable_seq(0), log.durable_seq(1)), (2, 0));
+    log.commit(tx(0, "later")).unwrap();
+    assert_eq!(log.stats().buffered_bytes, 2 * u64::from(BS));
+    drop(log); // discards "b" and "later": they were never promised durable
     let (_, r) = open(&dev, OpenOptions::default());
     assert_eq!(tags(&r, 0), ["a", "A"]);
-    assert_eq!(tags(&r, 1), ["b"]);
+    assert!(tags(&r, 1).is_empty());
+}
+
+/// A durable commit makes its dependency closure durable with it, transitively: stream 1's `B`
+/// depends on stream 0's `x`, whose stream prefix holds `w`, which depends on stream 1's `v`.
+/// Stream 0's watermark stops at `x` (its later commit was not asked for).
+#[test]
+fn a_durable_commit_makes_its_dependencies_on_other_streams_durable_and_nothing_else() {
+    let dev = fresh(2);
+    let (log, _) = open(&dev, behind(1 << 20, 1 << 30));
+    let v = log.commit(tx(1, "v")).unwrap().ticket;
+    let mut w = tx(0, "w");
+    w.depend_on(v);
+    log.commit(w).unwrap();
+    let x = log.commit(tx(0, "x")).unwrap().ticket;
+    log.commit(tx(0, "after")).unwrap();
+    let mut b = tx(1, "B");
+    b.depend_on(x);
+    let before = dev.stats();
+    log.commit_durable(b).unwrap();
+    let spent = dev.stats() - before;
+    assert_eq!(spent.flushes, 1, "{spent:?}");
+    // Stream 0 up to x (not "after", which may have shared x's write), stream 1 up to B.
+    assert_eq!((log.durable_seq(0), log.durable_seq(1)), (x.seq, 2));
+    drop(log);
+    let (_, r) = open(&dev, OpenOptions::default());
+    assert_eq!(tags(&r, 0)[..2], ["w", "x"]);
+    assert_eq!(tags(&r, 1), ["v", "B"]);
 }
 
 #[test]

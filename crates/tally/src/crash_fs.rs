@@ -44,10 +44,10 @@ pub struct FsArgs {
         value_parser = clap::value_parser!(u8).range(1..=12)
     )]
     ops_per_generation: u8,
-    /// A named workload set instead of --seq: seq-1, seq-2, seq-2:N, longer, large, or the
-    /// two-thread sets: concurrent (24 interleavings drawn by --seed, one step at a time) and
-    /// threaded (48 runs of two OS threads at once) (as a reported violation names it, with
-    /// --index).
+    /// A named workload set instead of --seq: seq-1, seq-2, seq-2:N, longer, large, names, or
+    /// the two-thread sets: concurrent (24 interleavings drawn by --seed, one step at a time)
+    /// and threaded (48 runs of two OS threads at once) (as a reported violation names it,
+    /// with --index).
     #[arg(long, conflicts_with_all = ["seq", "count"])]
     set: Option<String>,
     /// Run only the workload at this index of the set (replays a reported violation).

@@ -860,6 +860,9 @@ fn apply(
             (0, units * (block_size as usize - 64) - 128, 2, CommitMode::Ordered, None)
         }
         Op::Dependent => (1, 24, 0, CommitMode::Ordered, model.streams[0].last().map(|t| t.id)),
+        Op::DependentDurable => {
+            (1, 24, 0, CommitMode::Count, model.streams[0].last().map(|t| t.id))
+        }
         Op::CrossDependent => (
             0,
             24,

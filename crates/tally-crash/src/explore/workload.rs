@@ -20,6 +20,10 @@ pub enum Op {
     Max,
     /// `d`: an ordered commit on stream 1 that depends on stream 0's last transaction.
     Dependent,
+    /// `D`: a durable (count-based) commit on stream 1 that depends on stream 0's last
+    /// transaction: acknowledged only once that dependency is durable too, though nothing
+    /// asked for stream 0.
+    DependentDurable,
     /// `l`: a classic-mode (journal + commit block) commit on stream 1.
     Classic,
     /// `s`: `sync()`.
@@ -64,9 +68,16 @@ impl Op {
         Op::Crash,
     ];
 
-    /// Ops outside the bounded alphabet ([`Op::ALL`]): multi-generation workloads use them.
-    pub const MORE: [Op; 5] =
-        [Op::CrossDependent, Op::ProcessCrash, Op::CrashInRecovery, Op::Large, Op::CleanElsewhere];
+    /// Ops outside the bounded alphabet ([`Op::ALL`]): multi-generation workloads and the named
+    /// workload sets of `tests/log_explore.rs` use them.
+    pub const MORE: [Op; 6] = [
+        Op::CrossDependent,
+        Op::ProcessCrash,
+        Op::CrashInRecovery,
+        Op::Large,
+        Op::CleanElsewhere,
+        Op::DependentDurable,
+    ];
 
     /// Whether the op ends a generation: a crash the workload recovers from.
     #[must_use]
@@ -83,6 +94,7 @@ impl Op {
             Op::Multi => 'm',
             Op::Max => 'M',
             Op::Dependent => 'd',
+            Op::DependentDurable => 'D',
             Op::Classic => 'l',
             Op::Sync => 's',
             Op::Checkpoint => 'k',
@@ -115,7 +127,8 @@ impl Workload {
     pub fn parse(s: &str) -> Result<Workload, String> {
         s.chars()
             .map(|c| {
-                Op::from_letter(c).ok_or_else(|| format!("unknown op {c:?} (ops: aAmMdlskgceprLG)"))
+                Op::from_letter(c)
+                    .ok_or_else(|| format!("unknown op {c:?} (ops: aAmMdDlskgceprLG)"))
             })
             .collect::<Result<Vec<_>, _>>()
             .map(Workload)

@@ -43,6 +43,6 @@ pub use model::{
 };
 pub use run::{walk, FsExploreConfig, FsExplorer, FsFirstViolation, FsReport, FsStart};
 pub use workload::{
-    catalogue, large, longer, persists, resolve, seq1, seq2, seq2_sample, workload_set, FsOp,
-    FsWorkload, Persist, Step, TruncKind, TxnEnd, WriteKind, HUGE_BLOCKS,
+    catalogue, large, longer, names, persists, resolve, seq1, seq2, seq2_sample, workload_set,
+    FsOp, FsWorkload, Persist, Step, TruncKind, TxnEnd, WriteKind, HUGE_BLOCKS,
 };

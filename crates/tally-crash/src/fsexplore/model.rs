@@ -156,6 +156,29 @@ pub enum MOp {
     Group(Vec<MOp>),
 }
 
+impl MOp {
+    /// Whether the operation changes a directory's entries (create, mkdir, link, unlink,
+    /// rmdir, rename; a transaction holding one): a namespace change, which every later
+    /// operation is ordered after and every later durable wait makes durable (`docs/FS.md`,
+    /// "Durability of names").
+    #[must_use]
+    pub fn changes_names(&self) -> bool {
+        match self {
+            MOp::Create { .. }
+            | MOp::Link { .. }
+            | MOp::Unlink { .. }
+            | MOp::Rmdir { .. }
+            | MOp::Rename { .. } => true,
+            MOp::Group(ops) => ops.iter().any(MOp::changes_names),
+            MOp::Write { .. }
+            | MOp::SetSize { .. }
+            | MOp::Chmod { .. }
+            | MOp::SetXattr { .. }
+            | MOp::RemoveXattr { .. } => false,
+        }
+    }
+}
+
 impl MState {
     /// The node `ino`.
     #[must_use]
@@ -568,8 +591,16 @@ pub struct History {
     pub acked: u64,
     /// Earlier operations every later operation depends on (barriers).
     barrier: u64,
+    /// The namespace changes so far, with what they depend on: every durable wait
+    /// acknowledges them (with [`History::names_ordered`]).
+    names: u64,
     /// One stream: every survivor set must be a prefix.
     pub total_order: bool,
+    /// Namespace changes are barriers and every durable wait makes the earlier ones durable
+    /// (the file system's rule). Off where the history's order is not the order the
+    /// operations ran in (two OS threads at once, whose history is one thread's operations
+    /// after the other's).
+    pub names_ordered: bool,
 }
 
 /// Most operations a history may hold: subsets are enumerated.
@@ -586,7 +617,9 @@ impl History {
             deps: Vec::new(),
             acked: 0,
             barrier: 0,
+            names: 0,
             total_order,
+            names_ordered: true,
         }
     }
 
@@ -598,9 +631,15 @@ impl History {
                 deps |= 1 << i;
             }
         }
+        let names = self.names_ordered && op.changes_names();
         self.ops.push(op);
         self.touched.push(touched);
         self.deps.push(deps);
+        if names {
+            let this = self.closure(1 << (self.ops.len() - 1));
+            self.barrier |= this;
+            self.names |= this;
+        }
     }
 
     /// The earlier operations that touched `ino`.
@@ -626,7 +665,7 @@ impl History {
 
     /// `fsync`/`fdatasync` of `ino` returned (or `commit_durable` of an op set): acknowledge.
     pub fn ack(&mut self, set: u64) {
-        self.acked |= self.closure(set);
+        self.acked |= self.closure(set) | self.names;
     }
 
     /// `sync()` returned.

@@ -539,8 +539,58 @@ pub fn large() -> Vec<FsWorkload> {
     out
 }
 
+/// Durability of names (`docs/FS.md`): namespace changes on one stream followed by durable
+/// waits on another stream's file. The first is SQLite's DELETE-mode pattern: the journal `/j`
+/// created, written and fsynced, the database `/bar` written and fsynced, the journal unlinked
+/// (the commit point, never fsynced; the entry is on the root's stream, `/bar` on the other),
+/// then the next transaction writes and fsyncs `/bar` only: after that fsync, `/j` must be gone
+/// in every crash image, or SQLite finds a hot journal and rolls back acknowledged commits.
+/// Then the same with the fsync right after the unlink (no change of `/bar` after it), a
+/// rename over `/A/foo` and a `mkdir` in `/B` followed by another file's fsync, and a rename
+/// inside an explicit transaction followed by an fsync of a file it did not touch.
+#[must_use]
+pub fn names() -> Vec<FsWorkload> {
+    let step = |op: FsOp, persist: Persist| Step { op, persist };
+    let db_write = || FsOp::Write("/bar".into(), WriteKind::Append);
+    let db_sync = || Persist::Fsync("/bar".into());
+    let journal = || {
+        vec![
+            step(FsOp::Create("/j".into()), Persist::Nothing),
+            step(FsOp::Write("/j".into(), WriteKind::Append), Persist::Fsync("/j".into())),
+            step(db_write(), db_sync()),
+        ]
+    };
+    let mut sqlite = journal();
+    sqlite.push(step(FsOp::Unlink("/j".into()), Persist::Nothing));
+    sqlite.push(step(db_write(), db_sync()));
+    let mut no_write = journal();
+    no_write.push(step(FsOp::Unlink("/j".into()), db_sync()));
+    vec![
+        FsWorkload(sqlite),
+        FsWorkload(no_write),
+        FsWorkload(vec![
+            step(FsOp::Create("/t".into()), Persist::Nothing),
+            step(FsOp::Write("/t".into(), WriteKind::Append), Persist::Nothing),
+            step(FsOp::Rename("/t".into(), "/A/foo".into()), Persist::Nothing),
+            step(db_write(), db_sync()),
+        ]),
+        FsWorkload(vec![
+            step(FsOp::Mkdir("/B/d".into()), Persist::Nothing),
+            step(FsOp::Chmod("/bar".into()), Persist::Fdatasync("/bar".into())),
+        ]),
+        FsWorkload(vec![
+            step(
+                FsOp::Txn(vec![FsOp::Rename("/A/foo".into(), "/B/r".into())], TxnEnd::Commit),
+                Persist::Nothing,
+            ),
+            step(db_write(), db_sync()),
+        ]),
+    ]
+}
+
 /// The workloads of a named set: `seq-1`, `seq-2` (every one), `seq-2:N` (`N` drawn by `seed`),
-/// `longer`, `large`. A reported violation names its set and index, so the set replays it.
+/// `longer`, `large`, `names`. A reported violation names its set and index, so the set
+/// replays it.
 ///
 /// # Errors
 /// An unknown set name.
@@ -556,10 +606,11 @@ pub fn workload_set(
         "seq-2" => Ok(seq2(base, streams, bs)),
         "longer" => Ok(longer()),
         "large" => Ok(large()),
+        "names" => Ok(names()),
         _ => match name.strip_prefix("seq-2:").map(str::parse::<usize>) {
             Some(Ok(n)) => Ok(seq2_sample(base, streams, bs, n, seed)),
             _ => Err(format!(
-                "unknown workload set {name:?}: seq-1, seq-2, seq-2:N, longer or large"
+                "unknown workload set {name:?}: seq-1, seq-2, seq-2:N, longer, large or names"
             )),
         },
     }

@@ -40,16 +40,30 @@ impl Fs {
             // Mutant: part of the operation committed as a transaction of its own.
             let first: BTreeSet<Key> = std::mem::take(&mut cx.split);
             let rest: BTreeSet<Key> = cx.touched.difference(&first).cloned().collect();
-            if let Err(e) = self.persist(st, &first, &overrides, ver, stream, &deps) {
-                cx.rollback(st);
-                return Err(e);
+            match self.persist(st, &first, &overrides, ver, stream, &deps) {
+                Ok(t) => {
+                    if let Some(t) = t {
+                        self.names_changed(st, &first, t);
+                    }
+                }
+                Err(e) => {
+                    cx.rollback(st);
+                    return Err(e);
+                }
             }
             deps.clear();
             let ver2 = st.next_ver();
-            return self.persist(st, &rest, &overrides, ver2, stream, &deps).map(|_| ());
+            let t = self.persist(st, &rest, &overrides, ver2, stream, &deps)?;
+            if let Some(t) = t {
+                self.names_changed(st, &rest, t);
+            }
+            return Ok(());
         }
         match self.persist(st, &cx.touched, &overrides, ver, stream, &deps) {
-            Ok(_) => {
+            Ok(t) => {
+                if let Some(t) = t {
+                    self.names_changed(st, &cx.touched, t);
+                }
                 st.dead_blocks += dying_blocks(st, &cx.undo);
                 Ok(())
             }
@@ -80,12 +94,51 @@ impl Fs {
             .filter_map(|k| st.inodes.get(&k.owner()).and_then(|i| i.last_tx))
             .chain(undo.iter().filter_map(crate::txn::Undo::last_tx))
             .collect();
-        st.barriers.retain(|t| self.log.durable_seq(t.stream) < t.seq);
-        deps.extend(st.barriers.iter().copied());
+        deps.extend(self.pending_barriers(st));
         deps.sort_unstable();
         deps.dedup();
         deps.retain(|t| t.stream != stream && self.log.durable_seq(t.stream) < t.seq);
         deps
+    }
+
+    /// After transaction `t`, which wrote `keys`, was committed: if it changed a directory's
+    /// entries (create, mkdir, mknod, symlink, link, unlink, rmdir, rename, alone or inside an
+    /// explicit transaction), it is a barrier until durable. Every later transaction on another
+    /// stream then depends on it, and every durable wait waits for it (`Fs::pending_barriers`),
+    /// so a durable wait makes every earlier namespace change durable, as ext4's one journal
+    /// does, and programs rely on it (SQLite commits by unlinking its journal, and never syncs
+    /// the directory). Data and attribute changes of other files stay out of that wait.
+    pub(crate) fn names_changed(&self, st: &mut State, keys: &BTreeSet<Key>, t: TxId) {
+        if self.mutant == Some(FsMutant::NamespaceNotOrdered) {
+            return;
+        }
+        if keys.iter().any(|k| matches!(k, Key::Dentry(..))) {
+            self.note_barrier(st, t);
+        }
+    }
+
+    /// Make `t` a barrier while it is not durable: later transactions on other streams depend
+    /// on it (`Fs::deps_of`), durable waits wait for it. Recovery keeps a prefix of each
+    /// stream, so depending on a stream's newest barrier implies its older ones: one entry per
+    /// stream, however many barriers come before anything is durable.
+    pub(crate) fn note_barrier(&self, st: &mut State, t: TxId) {
+        if self.log.durable_seq(t.stream) >= t.seq {
+            return;
+        }
+        match st.barriers.iter_mut().find(|b| b.stream == t.stream) {
+            Some(b) if b.seq < t.seq && self.mutant != Some(FsMutant::BarrierKeepsOldest) => {
+                *b = t;
+            }
+            Some(_) => {}
+            None => st.barriers.push(t),
+        }
+    }
+
+    /// The barriers not yet durable (namespace changes and `Fs::barrier`s): what every durable
+    /// wait takes along.
+    pub(crate) fn pending_barriers(&self, st: &mut State) -> Vec<TxId> {
+        st.barriers.retain(|t| self.log.durable_seq(t.stream) < t.seq);
+        st.barriers.clone()
     }
 
     /// Write the current state of `keys` as one log transaction with version `ver`; update the

@@ -14,18 +14,23 @@ use super::commit::dying_blocks;
 use super::{lock, Fs, Txn};
 
 impl Fs {
-    /// Make `ino`'s committed changes, and everything they depend on, durable. Other files'
-    /// changes are flushed along only if they precede it on its stream.
+    /// Make `ino`'s committed changes, and everything they depend on, durable; and every
+    /// namespace change committed before the call (any directory's entries: the rule of
+    /// `docs/FS.md`, "Durability of names"). Other files' data and attribute changes are
+    /// flushed along only if they precede one of those on its stream.
     ///
     /// # Errors
     /// `ENOENT`, I/O errors (after which the file system is read-only).
     pub fn fsync(&self, ino: Ino) -> Result<()> {
-        let last = {
-            let st = lock(&self.state)?;
-            st.inode(ino)?.last_tx
+        let wants = {
+            let mut st = lock(&self.state)?;
+            let last = st.inode(ino)?.last_tx;
+            let mut wants = self.pending_barriers(&mut st);
+            wants.extend(last);
+            wants
         };
-        if let Some(t) = last.filter(|_| self.mutant != Some(FsMutant::FsyncNotDurable)) {
-            self.log.wait_durable(t).map_err(|e| self.fail(e))?;
+        if self.mutant != Some(FsMutant::FsyncNotDurable) && !wants.is_empty() {
+            self.log.wait_durable_all(&wants).map_err(|e| self.fail(e))?;
         }
         let mut st = lock(&self.state)?;
         self.prune_cache(&mut st);
@@ -59,20 +64,7 @@ impl Fs {
     pub fn barrier(&self, ino: Ino) -> Result<()> {
         let mut st = lock(&self.state)?;
         if let Some(t) = st.inode(ino)?.last_tx {
-            if self.log.durable_seq(t.stream) < t.seq {
-                // Recovery keeps a prefix of each stream, so depending on a stream's newest
-                // barrier implies its older ones: one entry per stream, however many barriers
-                // a workload issues before anything is durable.
-                match st.barriers.iter_mut().find(|b| b.stream == t.stream) {
-                    Some(b)
-                        if b.seq < t.seq && self.mutant != Some(FsMutant::BarrierKeepsOldest) =>
-                    {
-                        *b = t;
-                    }
-                    Some(_) => {}
-                    None => st.barriers.push(t),
-                }
-            }
+            self.note_barrier(&mut st, t);
         }
         Ok(())
     }
@@ -128,18 +120,23 @@ impl Fs {
         self.end(txn).map(|_| ())
     }
 
-    /// Commit and wait until the transaction (and what it depends on) is durable.
+    /// Commit and wait until the transaction (and what it depends on) is durable, with every
+    /// namespace change committed before it (as [`Fs::fsync`]).
     ///
     /// # Errors
     /// As [`Fs::commit`].
     pub fn commit_durable(&self, txn: Txn) -> Result<()> {
-        if let Some(t) = self.end(txn)? {
-            self.log.wait_durable(t).map_err(|e| self.fail(e))?;
+        let wants = self.end(txn)?;
+        if !wants.is_empty() {
+            self.log.wait_durable_all(&wants).map_err(|e| self.fail(e))?;
         }
         Ok(())
     }
 
-    pub(crate) fn end(&self, txn: Txn) -> Result<Option<TxId>> {
+    /// End (commit) `txn`. Returns what a durable wait for it waits for: its last log
+    /// transaction, if it wrote anything, and the pending barriers (namespace changes
+    /// included) from when it committed.
+    pub(crate) fn end(&self, txn: Txn) -> Result<Vec<TxId>> {
         let mut st = lock(&self.state)?;
         let Some(t) = st.txns.open.remove(&txn.id) else { return Err(FsError::NoTxn) };
         let stream = t.stream.unwrap_or(0);
@@ -164,7 +161,10 @@ impl Fs {
         let deps = self.deps_of(&mut st, &t.touched, &t.undo, stream);
         let result = self.persist_txn(&mut st, &t, &overrides, ver, stream, &deps);
         match &result {
-            Ok(_) => {
+            Ok(close) => {
+                if let Some(close) = *close {
+                    self.names_changed(&mut st, &t.touched, close);
+                }
                 let dying = dying_blocks(&st, &t.undo);
                 st.dead_blocks += dying;
                 for (&dir, s) in &overrides {
@@ -185,9 +185,14 @@ impl Fs {
             }
         }
         st.txns.locks.retain(|_, owner| *owner != txn.id);
+        let wants = result.map(|close| {
+            let mut wants = self.pending_barriers(&mut st);
+            wants.extend(close);
+            wants
+        });
         drop(st);
         self.cv.notify_all();
-        result
+        wants
     }
 
     pub(crate) fn undo_txn(st: &mut State, undo: Vec<crate::txn::Undo>, dirs: Vec<Ino>) {

@@ -249,6 +249,10 @@ impl FsExplorer {
         // Resolve each thread's steps in order, thread 0's first.
         let mut scratch = start.state.clone();
         let mut hist = History::new(start.state.clone(), self.cfg.streams == 1);
+        // Thread 0's operations first in the history, whatever order they ran in: no order
+        // between the threads' namespace changes and the other's operations can be claimed
+        // (they share no object, so nothing else orders them either).
+        hist.names_ordered = false;
         let mut plans: [Vec<Planned>; 2] = [Vec::new(), Vec::new()];
         for (t, steps) in workload.threads.iter().enumerate() {
             let mut own = 0u64;
