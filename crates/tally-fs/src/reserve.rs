@@ -42,16 +42,6 @@ impl Reservations {
         end.saturating_sub(start) - reserved
     }
 
-    /// Blocks of `ino` reserved where `written` holds no block: what `st_blocks` adds to the
-    /// written blocks (a range reserved over written blocks counts each block once).
-    pub fn unwritten<V>(&self, ino: Ino, written: &BTreeMap<u64, V>) -> u64 {
-        self.ranges.get(&ino).map_or(0, |r| {
-            r.iter()
-                .map(|(&s, &e)| (e - s).saturating_sub(written.range(s..e).count() as u64))
-                .sum()
-        })
-    }
-
     /// Reserve `start..end` of `ino` (what was already reserved stays, counted once).
     pub fn add(&mut self, ino: Ino, start: u64, end: u64) {
         if start >= end {
@@ -144,17 +134,5 @@ mod tests {
         assert!(!r.holds(1));
         r.forget(2);
         assert_eq!(r.blocks(), 0);
-    }
-
-    #[test]
-    fn unwritten_counts_reserved_blocks_outside_the_written_ones_once() {
-        let mut r = Reservations::default();
-        let written: std::collections::BTreeMap<u64, ()> = [(0, ()), (3, ()), (12, ())].into();
-        assert_eq!(r.unwritten(1, &written), 0);
-        r.add(1, 2, 6);
-        r.add(1, 10, 14);
-        // 2..6 holds written block 3, 10..14 holds 12: 3 + 3 unwritten.
-        assert_eq!(r.unwritten(1, &written), 6);
-        assert_eq!(r.unwritten(2, &written), 0);
     }
 }

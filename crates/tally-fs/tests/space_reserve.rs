@@ -219,31 +219,3 @@ fn copy_file_range_copies_in_one_transaction_per_call() {
     assert_eq!(fs.read(b, 0, 64).unwrap(), &data[..64]);
     fs.unmount().unwrap();
 }
-
-#[test]
-fn st_blocks_counts_reserved_blocks_once_until_a_remount_forgets_them() {
-    let (dev, fs) = fresh(16384);
-    let f = fs.create(None, ROOT, b"r", 0o644, ME).unwrap().ino;
-    // 10 blocks reserved: counted before any write, as `du` of an fallocated file shows.
-    fs.fallocate(None, f, 0, 10 * 4096, FallocFlags::default()).unwrap();
-    assert_eq!(fs.allocated_blocks(f).unwrap(), 10);
-    // Writing blocks of the range moves them from reserved to written: still 10.
-    fs.write(None, f, 0, &vec![3u8; 3 * 4096]).unwrap();
-    assert_eq!(fs.allocated_blocks(f).unwrap(), 10);
-    // Reserving again over written blocks counts each block once; past the range, 2 more.
-    fs.fallocate(None, f, 0, 12 * 4096, FallocFlags::default()).unwrap();
-    assert_eq!(fs.allocated_blocks(f).unwrap(), 12);
-    // A listing with attributes says the same.
-    let listed = fs.readdir_plus(ROOT, 0, 10).unwrap();
-    let (_, _, blocks) = listed.iter().find(|(e, _, _)| e.ino == f).unwrap();
-    assert_eq!(*blocks, 12);
-    // Punching drops blocks and reservations alike.
-    let punch = FallocFlags { punch_hole: true, keep_size: true, ..FallocFlags::default() };
-    fs.fallocate(None, f, 0, 6 * 4096, punch).unwrap();
-    assert_eq!(fs.allocated_blocks(f).unwrap(), 6);
-    // Reservations live in DRAM: after a remount only the written blocks count.
-    fs.unmount().unwrap();
-    let fs = Fs::mount(dev, MountOptions::default()).unwrap();
-    assert_eq!(fs.allocated_blocks(f).unwrap(), 0);
-    fs.unmount().unwrap();
-}

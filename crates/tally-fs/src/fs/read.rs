@@ -55,25 +55,12 @@ impl Fs {
         Ok(lock(&self.state)?.inode(ino)?.attr)
     }
 
-    /// Data blocks an inode holds (for `st_blocks`): its written blocks and the blocks
-    /// `fallocate` reserved for it and no write has used yet, as a file system that allocates
-    /// in place counts them (`du` of a file just made with `fallocate -l 10M` is 10 MiB).
+    /// Data blocks an inode holds (for `st_blocks`).
     ///
     /// # Errors
     /// `ENOENT`.
     pub fn allocated_blocks(&self, ino: Ino) -> Result<u64> {
-        let st = lock(&self.state)?;
-        Ok(Self::allocated(&st, ino, st.inode(ino)?))
-    }
-
-    /// [`Fs::allocated_blocks`] of `inode`, numbered `ino`.
-    fn allocated(st: &crate::state::State, ino: Ino, inode: &crate::state::Inode) -> u64 {
-        let written = inode.blocks.len() as u64;
-        if st.reserved.holds(ino) {
-            written + st.reserved.unwritten(ino, &inode.blocks)
-        } else {
-            written
-        }
+        Ok(lock(&self.state)?.inode(ino)?.blocks.len() as u64)
     }
 
     /// A symlink's target.
@@ -235,11 +222,7 @@ impl Fs {
     ) -> Result<Vec<(DirEntry, Attr, u64)>> {
         let st = lock(&self.state)?;
         let page = Self::page(&st, ino, offset, count_max)?
-            .filter_map(|(e, i)| {
-                let i = i?;
-                let blocks = Self::allocated(&st, e.ino, i);
-                Some((e, i.attr, blocks))
-            })
+            .filter_map(|(e, i)| Some((e, i?.attr, i?.blocks.len() as u64)))
             .collect();
         Ok(page)
     }
