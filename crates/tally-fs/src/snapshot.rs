@@ -97,22 +97,22 @@ pub(crate) fn encode(st: &State) -> Vec<u8> {
         }
     }
     o.len_u64(st.key_count.len());
-    for (k, &c) in sorted(&st.key_count) {
+    for (k, c) in sorted_keys(&st.key_count) {
         put_key(&mut o, k);
         o.u32(c);
     }
     o.len_u64(st.ino_count.len());
-    for (&i, &c) in sorted(&st.ino_count) {
+    for (i, c) in sorted_inos(&st.ino_count) {
         o.u64(i);
         o.u32(c);
     }
     o.len_u64(st.tombs.len());
-    for (k, &v) in sorted(&st.tombs) {
+    for (k, v) in sorted_keys(&st.tombs) {
         put_key(&mut o, k);
         o.u64(v);
     }
     o.len_u64(st.freed.len());
-    for (&i, &v) in sorted(&st.freed) {
+    for (i, v) in sorted_inos(&st.freed) {
         o.u64(i);
         o.u64(v);
     }
@@ -189,9 +189,53 @@ pub(crate) fn growth_bound(st: &State, key: &Key) -> u64 {
     own + key_len(key) * 2 + 8 + 4
 }
 
-fn sorted<K: Ord, V>(m: &HashMap<K, V>) -> Vec<(&K, &V)> {
-    let mut v: Vec<(&K, &V)> = m.iter().collect();
-    v.sort_unstable_by(|a, b| a.0.cmp(b.0));
+/// Where a key sorts, in [`Key`]'s own order (tag, owner, block), as one number: the tag in
+/// the top 3 bits, the owner in the next 61, the block (0 for a name) in the low 64. `None`
+/// for an owner of 2^61 or more, which no file system hands out (but a crafted snapshot or
+/// log could hold). Keys that tie here are names of one owner, ordered by the name.
+fn packed_rank(k: &Key) -> Option<u128> {
+    let (tag, owner, block) = match k {
+        Key::Fs => (0u128, 0, 0),
+        Key::Inode(i) => (1, *i, 0),
+        Key::Dentry(d, _) => (2, *d, 0),
+        Key::Block(i, b) => (3, *i, *b),
+        Key::Xattr(i, _) => (4, *i, 0),
+    };
+    (owner < 1 << 61).then(|| tag << 125 | u128::from(owner) << 64 | u128::from(block))
+}
+
+/// A map keyed by [`Key`], in the keys' order. Sorted on each key's packed rank held beside
+/// it, then each run of ties (names of one owner) by the key: comparing the keys themselves
+/// (an enum, through a reference) made the sort of a large state's record counts cost
+/// twice as much, and the encoding holds the state lock. Falls back to comparing the keys
+/// when an owner does not fit the packed rank.
+fn sorted_keys<V: Copy, S>(m: &HashMap<Key, V, S>) -> Vec<(&Key, V)> {
+    let mut v: Vec<(u128, &Key, V)> = Vec::with_capacity(m.len());
+    for (k, &x) in m {
+        let Some(rank) = packed_rank(k) else {
+            let mut v: Vec<(&Key, V)> = m.iter().map(|(k, &x)| (k, x)).collect();
+            v.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            return v;
+        };
+        v.push((rank, k, x));
+    }
+    v.sort_unstable_by_key(|e| e.0);
+    let mut rest = v.as_mut_slice();
+    while let Some(rank) = rest.first().map(|e| e.0) {
+        let tie = rest.iter().position(|e| e.0 != rank).unwrap_or(rest.len());
+        let (run, after) = rest.split_at_mut(tie);
+        if run.len() > 1 {
+            run.sort_unstable_by(|a, b| a.1.cmp(b.1));
+        }
+        rest = after;
+    }
+    v.into_iter().map(|(_, k, x)| (k, x)).collect()
+}
+
+/// A map keyed by inode number, in the numbers' order.
+fn sorted_inos<V: Copy, S>(m: &HashMap<Ino, V, S>) -> Vec<(Ino, V)> {
+    let mut v: Vec<(Ino, V)> = m.iter().map(|(&i, &x)| (i, x)).collect();
+    v.sort_unstable_by_key(|&(i, _)| i);
     v
 }
 
@@ -286,7 +330,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<State> {
         }
     }
     let n = r.count(5)?;
-    let mut key_count = HashMap::with_capacity(n);
+    let mut key_count = crate::state::KeyMap::with_capacity_and_hasher(n, Default::default());
     for _ in 0..n {
         let k = key(&mut r)?;
         key_count.insert(k, r.u32()?);
@@ -388,6 +432,72 @@ mod tests {
             st.freed.insert(1000 + i, i);
         }
         st
+    }
+
+    /// The record counts and tombstones are written in [`Key`]'s own order (the bytes of a
+    /// state do not depend on the sort used, nor on the maps' hashes): keys of every kind,
+    /// names of one owner that share prefixes, owners and blocks whose high bits differ; with
+    /// owners that fit the packed rank, and with one that does not (the fallback).
+    #[test]
+    fn keys_are_written_in_key_order() {
+        let small = vec![0u64, 1, 2, 255, 256, 1 << 32, (1 << 61) - 1];
+        let mut large = small.clone();
+        large.extend([1 << 61, u64::MAX - 1, u64::MAX]);
+        for owners in [small, large] {
+            let st = with_keys(&owners);
+            let tail = bookkeeping_in_key_order(&st);
+            assert!(encode(&st).ends_with(&tail), "not in key order, owners {owners:?}");
+            let order: Vec<&Key> = sorted_keys(&st.key_count).into_iter().map(|(k, _)| k).collect();
+            assert!(order.windows(2).all(|w| w[0] < w[1]));
+        }
+    }
+
+    /// [`larger`] with record counts and tombstones of every kind of key for each owner.
+    fn with_keys(owners: &[u64]) -> State {
+        let mut st = larger();
+        for (n, &o) in owners.iter().enumerate() {
+            let n = n as u64;
+            for name in [&b""[..], b"a", b"a\0", b"ab", b"b", b"\xff", b"\xff\xff"] {
+                st.key_count.insert(Key::Dentry(o, name.to_vec()), 3);
+                st.key_count.insert(Key::Xattr(o, name.to_vec()), 4);
+                st.tombs.insert(Key::Dentry(o, name.to_vec()), n);
+            }
+            for &b in owners.iter().chain(&[u64::MAX, 1 << 63]) {
+                st.key_count.insert(Key::Block(o, b), 5);
+                st.tombs.insert(Key::Block(b, o), n);
+            }
+            st.key_count.insert(Key::Inode(o), 6);
+            st.ino_count.insert(o, 7);
+            st.freed.insert(o, n);
+        }
+        st.key_count.insert(Key::Fs, 1);
+        st
+    }
+
+    /// The snapshot's last four sections, each sorted by a `BTreeMap`.
+    fn bookkeeping_in_key_order(st: &State) -> Vec<u8> {
+        let mut tail = Appender::with_capacity(0);
+        tail.len_u64(st.key_count.len());
+        for (k, &c) in st.key_count.iter().collect::<BTreeMap<_, _>>() {
+            put_key(&mut tail, k);
+            tail.u32(c);
+        }
+        tail.len_u64(st.ino_count.len());
+        for (&i, &c) in st.ino_count.iter().collect::<BTreeMap<_, _>>() {
+            tail.u64(i);
+            tail.u32(c);
+        }
+        tail.len_u64(st.tombs.len());
+        for (k, &v) in st.tombs.iter().collect::<BTreeMap<_, _>>() {
+            put_key(&mut tail, k);
+            tail.u64(v);
+        }
+        tail.len_u64(st.freed.len());
+        for (&i, &v) in st.freed.iter().collect::<BTreeMap<_, _>>() {
+            tail.u64(i);
+            tail.u64(v);
+        }
+        tail.into_vec()
     }
 
     #[test]
