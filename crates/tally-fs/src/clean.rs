@@ -1014,10 +1014,67 @@ struct Liveness {
     live_blocks: u64,
 }
 
-/// A thread running [`Fs::maintain`] every interval; stops (and is joined) when dropped, or by
-/// itself once the file system is dropped.
+/// What a [`Maintenance`] thread waits on between rounds: its stop, and a checkpoint an
+/// operation past the replay budget left to it ([`Fs::checkpoint_after_op`]). A std lock, not
+/// `crate::sync`'s: held only to flip a flag, never across a wait for anything else.
+#[derive(Debug, Default)]
+pub(crate) struct Bell {
+    rung: std::sync::Mutex<Rung>,
+    cv: std::sync::Condvar,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Rung {
+    stop: bool,
+    checkpoint: bool,
+}
+
+impl Bell {
+    fn rung(&self) -> std::sync::MutexGuard<'_, Rung> {
+        self.rung.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Ask for a checkpoint (once: ringing again before it is taken changes nothing).
+    pub(crate) fn ring_checkpoint(&self) {
+        let mut r = self.rung();
+        if !r.checkpoint {
+            r.checkpoint = true;
+            self.cv.notify_all();
+        }
+    }
+
+    /// Whether a checkpoint was asked for (and no longer is).
+    #[cfg(test)]
+    pub(crate) fn take_checkpoint_request(&self) -> bool {
+        std::mem::take(&mut self.rung().checkpoint)
+    }
+
+    fn ring_stop(&self) {
+        self.rung().stop = true;
+        self.cv.notify_all();
+    }
+
+    /// Wait until rung or `until`; takes the checkpoint request.
+    fn wait(&self, until: std::time::Instant) -> Rung {
+        let guard = self.rung();
+        let timeout = until.saturating_duration_since(std::time::Instant::now());
+        let (mut guard, _) = self
+            .cv
+            .wait_timeout_while(guard, timeout, |r| !r.stop && !r.checkpoint)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let rung = *guard;
+        guard.checkpoint = false;
+        rung
+    }
+}
+
+/// A thread running [`Fs::maintain`] every interval, and a checkpoint as soon as an operation
+/// passes the replay budget (between rounds; the operation no longer takes it itself, see
+/// [`Fs::checkpoint_after_op`]); stops (and is joined) when dropped, or by itself once the
+/// file system is dropped.
 pub struct Maintenance {
-    stop: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    /// The thread holds the only strong reference: the file system's copy dies with it.
+    bell: std::sync::Weak<Bell>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -1026,29 +1083,38 @@ impl Maintenance {
     #[must_use]
     pub fn spawn(fs: &std::sync::Arc<Fs>, every: std::time::Duration) -> Maintenance {
         let weak = std::sync::Arc::downgrade(fs);
-        let stop = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
-        let flag = stop.clone();
+        let bell = std::sync::Arc::new(Bell::default());
+        let weak_bell = std::sync::Arc::downgrade(&bell);
+        *fs.maintenance_bell.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            weak_bell.clone();
         let thread = std::thread::Builder::new()
             .name("tally-fs-maintain".into())
-            .spawn(move || loop {
-                {
-                    let (m, cv) = &*flag;
-                    let guard = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                    let (guard, _) = cv
-                        .wait_timeout_while(guard, every, |stopped| !*stopped)
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    if *guard {
+            .spawn(move || {
+                let mut round_at = std::time::Instant::now() + every;
+                loop {
+                    let rung = bell.wait(round_at);
+                    if rung.stop {
+                        return;
+                    }
+                    let Some(fs) = weak.upgrade() else { return };
+                    let done = if std::time::Instant::now() >= round_at {
+                        // A round ends with a checkpoint if one is due.
+                        let done = fs.maintain().map(drop);
+                        round_at = std::time::Instant::now() + every;
+                        done
+                    } else if rung.checkpoint {
+                        fs.checkpoint_if_due()
+                    } else {
+                        Ok(())
+                    };
+                    if let Err(e) = done {
+                        tracing::error!("background maintenance failed: {e}");
                         return;
                     }
                 }
-                let Some(fs) = weak.upgrade() else { return };
-                if let Err(e) = fs.maintain() {
-                    tracing::error!("background maintenance failed: {e}");
-                    return;
-                }
             })
             .ok();
-        Maintenance { stop, thread }
+        Maintenance { bell: weak_bell, thread }
     }
 
     /// Whether the thread has stopped: after [`Fs::maintain`] failed (an I/O error, or a panic
@@ -1061,9 +1127,9 @@ impl Maintenance {
 
 impl Drop for Maintenance {
     fn drop(&mut self) {
-        let (m, cv) = &*self.stop;
-        *m.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = true;
-        cv.notify_all();
+        if let Some(bell) = self.bell.upgrade() {
+            bell.ring_stop();
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -41,6 +41,12 @@ pub enum FsMutant {
     /// crash keeps the later, acknowledged change without it (SQLite's journal unlink lost
     /// under a later commit: the database rolled back over acknowledged commits).
     NamespaceNotOrdered,
+    /// An operation past the replay budget leaves the checkpoint to the maintenance thread
+    /// however far past the budget the log is: a thread that does not keep up lets the log a
+    /// crash replays grow without bound. Not in [`FsMutant::ALL`] (the explorer has no
+    /// checkpoints); the unit test `fs::tests::a_slow_maintenance_thread_leaves_replay_bounded`
+    /// must catch it.
+    CheckpointLeftToMaintenance,
 }
 
 impl FsMutant {
@@ -69,6 +75,7 @@ impl FsMutant {
             FsMutant::BarrierKeepsOldest => "barrier-keeps-oldest",
             FsMutant::CheckpointTombstoneDropped => "checkpoint-tombstone-dropped",
             FsMutant::NamespaceNotOrdered => "namespace-not-ordered",
+            FsMutant::CheckpointLeftToMaintenance => "checkpoint-left-to-maintenance",
         }
     }
 
@@ -81,6 +88,7 @@ impl FsMutant {
                 FsMutant::FsckSkipsDataBlocks,
                 FsMutant::BarrierKeepsOldest,
                 FsMutant::CheckpointTombstoneDropped,
+                FsMutant::CheckpointLeftToMaintenance,
             ])
             .find(|m| m.name() == name)
     }

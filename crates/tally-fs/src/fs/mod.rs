@@ -168,6 +168,10 @@ pub struct Fs {
     /// transaction (`fs/large.rs`): what a maintenance round makes durable. Parts alone wait
     /// for their close (one flush for the whole transaction).
     pub(crate) whole_committed: Vec<std::sync::atomic::AtomicU64>,
+    /// The bell of the running [`crate::Maintenance`] thread, if any (dead once it stops): an
+    /// operation past the replay budget rings it instead of taking the checkpoint itself
+    /// ([`Fs::checkpoint_after_op`]).
+    pub(crate) maintenance_bell: std::sync::Mutex<std::sync::Weak<crate::clean::Bell>>,
 }
 
 /// How a mount went.
@@ -348,6 +352,7 @@ impl Fs {
             whole_committed: (0..log_streams)
                 .map(|_| std::sync::atomic::AtomicU64::new(0))
                 .collect(),
+            maintenance_bell: std::sync::Mutex::new(std::sync::Weak::new()),
         };
         // Files that were open when their last link went, and then the crash (or an unmount
         // with handles still open): nobody can reach them any more.
@@ -411,6 +416,46 @@ impl Fs {
         self.log.sync().map_err(|e| self.fail(e))?;
         let mut st = lock(&self.state)?;
         self.checkpoint_due_locked(&mut st)
+    }
+
+    /// After an operation committed outside explicit transactions, a checkpoint if one is
+    /// due. The state lock is held for all of it (encoding the whole state: milliseconds for
+    /// a large tree), so it is left to the maintenance thread when one runs ([`Fs::maintain`]'s
+    /// [`crate::Maintenance`]: the operation rings its bell and returns); the operation takes
+    /// it itself when none runs, or once twice the budget has been written since the last
+    /// one (a thread that cannot keep up). A crash replays at most twice the budget, plus
+    /// what one operation writes (`docs/FS.md`, "Checkpoints and the replay budget").
+    fn checkpoint_after_op(&self) {
+        if !self.checkpoint_due() {
+            return;
+        }
+        let since = self.log.blocks_since_checkpoint_snapshot();
+        let inline_at = if self.mutant == Some(FsMutant::CheckpointLeftToMaintenance) {
+            u64::MAX
+        } else {
+            self.replay_budget_blocks.saturating_mul(2)
+        };
+        if since < inline_at && self.ring_maintenance() {
+            return;
+        }
+        // The operation is committed whatever happens here; a failed write has made the file
+        // system read-only (fail-stop).
+        if let Err(e) = self.checkpoint_if_due() {
+            tracing::warn!("checkpoint after an operation: {e}");
+        }
+    }
+
+    /// Ask the maintenance thread for a checkpoint; false when none runs.
+    fn ring_maintenance(&self) -> bool {
+        let bell = self
+            .maintenance_bell
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .upgrade();
+        bell.is_some_and(|b| {
+            b.ring_checkpoint();
+            true
+        })
     }
 
     /// More than the replay budget was written since the last checkpoint snapshot, and no
@@ -621,17 +666,9 @@ impl Fs {
                         }
                         None => {
                             self.commit_op(&mut st, cx, stream)?;
-                            let checkpoint = self.log.blocks_since_checkpoint_snapshot()
-                                >= self.replay_budget_blocks;
                             let over = st.cached_bytes > CACHE_LIMIT;
                             drop(st);
-                            if checkpoint {
-                                // The operation is committed whatever happens here; a failed
-                                // write has made the file system read-only (fail-stop).
-                                if let Err(e) = self.checkpoint_if_due() {
-                                    tracing::warn!("checkpoint after an operation: {e}");
-                                }
-                            }
+                            self.checkpoint_after_op();
                             if over {
                                 self.write_out_cache();
                             }
@@ -816,6 +853,88 @@ mod tests {
 
     use super::*;
     use crate::types::{Owner, RenameFlags, ROOT};
+
+    /// 256 KiB in 4 KiB blocks.
+    const BUDGET_BLOCKS: u64 = 64;
+
+    /// Writes 16 KiB at a time (5 blocks of log each, at most) with a maintenance bell that is
+    /// never answered: returns the most log written since the last checkpoint snapshot seen
+    /// after an operation, and whether an operation rang the bell.
+    fn writes_with_a_deaf_maintenance_thread(mutant: Option<FsMutant>) -> (u64, bool) {
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 16384).unwrap());
+        Fs::mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+        let opts = MountOptions {
+            replay_budget: Some(BUDGET_BLOCKS * 4096),
+            mutant,
+            ..MountOptions::default()
+        };
+        let fs = Fs::mount(dev, opts).unwrap();
+        let bell = Arc::new(crate::clean::Bell::default());
+        *fs.maintenance_bell.lock().unwrap() = Arc::downgrade(&bell);
+        let me = Owner { uid: 0, gid: 0 };
+        let ino = fs.create(None, ROOT, b"f", 0o644, me).unwrap().ino;
+        let mut most = 0;
+        for i in 0..400u64 {
+            fs.write(None, ino, (i % 64) * 16384, &[i as u8; 16384]).unwrap();
+            most = most.max(fs.log.blocks_since_checkpoint_snapshot());
+        }
+        (most, bell.take_checkpoint_request())
+    }
+
+    /// An operation past the replay budget leaves the checkpoint to the maintenance thread,
+    /// but takes it itself at twice the budget: a thread that never answers leaves the log a
+    /// crash replays under twice the budget plus one operation.
+    #[test]
+    fn a_slow_maintenance_thread_leaves_replay_bounded() {
+        let (most, rung) = writes_with_a_deaf_maintenance_thread(None);
+        assert!(rung, "no operation left a checkpoint to the maintenance thread");
+        assert!(most >= BUDGET_BLOCKS, "the budget was never passed: {most} blocks");
+        assert!(most < 2 * BUDGET_BLOCKS + 8, "{most} blocks since the last checkpoint");
+    }
+
+    #[cfg_attr(not(feature = "mutants"), ignore = "needs the mutants feature")]
+    #[test]
+    fn the_checkpoint_left_to_maintenance_mutant_lets_replay_grow() {
+        let (most, _) =
+            writes_with_a_deaf_maintenance_thread(Some(FsMutant::CheckpointLeftToMaintenance));
+        assert!(most >= 2 * BUDGET_BLOCKS + 8, "mutant not caught: {most} blocks at most");
+    }
+
+    /// Without a maintenance thread an operation takes the checkpoint as soon as the budget
+    /// is passed, as before; with one, the thread takes it without another operation (its
+    /// interval an hour: only the bell can wake it).
+    #[test]
+    fn the_maintenance_thread_takes_the_checkpoint_an_operation_left() {
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 16384).unwrap());
+        Fs::mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+        let opts =
+            MountOptions { replay_budget: Some(BUDGET_BLOCKS * 4096), ..MountOptions::default() };
+        let fs = Arc::new(Fs::mount(dev, opts).unwrap());
+        let me = Owner { uid: 0, gid: 0 };
+        let ino = fs.create(None, ROOT, b"f", 0o644, me).unwrap().ino;
+        let mut most = 0;
+        for i in 0..100u64 {
+            fs.write(None, ino, i * 16384, &[1; 16384]).unwrap();
+            most = most.max(fs.log.blocks_since_checkpoint_snapshot());
+        }
+        assert!(most < BUDGET_BLOCKS + 8, "no thread: {most} blocks since the last checkpoint");
+
+        let maintenance = crate::Maintenance::spawn(&fs, Duration::from_secs(3600));
+        let mut i = 0u64;
+        while fs.log.blocks_since_checkpoint_snapshot() < BUDGET_BLOCKS {
+            fs.write(None, ino, i * 16384, &[2; 16384]).unwrap();
+            i += 1;
+            assert!(i < 100, "the budget was never passed");
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while fs.log.blocks_since_checkpoint_snapshot() >= BUDGET_BLOCKS {
+            assert!(Instant::now() < deadline, "the maintenance thread took no checkpoint");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(!maintenance.is_stopped());
+        drop(maintenance);
+        assert!(fs.maintenance_bell.lock().unwrap().upgrade().is_none(), "bell outlives thread");
+    }
 
     /// A bug that panics inside an operation, half way through its change and holding the
     /// state lock, stops the file system: every later call fails with `Poisoned`, maintenance
