@@ -10,21 +10,50 @@ use tally_media::{IoBuf, Write, WriteFlags};
 use crate::api::{CommitInfo, CommitMode, DataBytes, RunAsk, Transaction};
 use crate::engine::{crc_pad, crc_padded, lock, Log, Placed, Stream};
 use crate::format::body::{Body, Run, RunRole, TxId};
-use crate::format::unit::{payload_capacity, UnitHeader, UnitKind, FLAG_CLASSIC};
+use crate::format::unit::{payload_capacity, UnitHeader, UnitKind, FLAG_CLASSIC, UNIT_HEADER_SIZE};
 use crate::writeback::{Due, InFlight};
 use crate::{LogError, Result};
 
-/// A transaction's body encoded, and the blocks it takes.
+/// A transaction's body, ready to be encoded into its units, and the blocks it takes.
 pub(crate) struct Encoded {
-    pub body: Vec<u8>,
+    /// Encoded only into the place its units take (`units_and_data`), never on its own.
+    pub body: Body,
+    /// Bytes of its encoding.
+    pub body_len: usize,
     /// Units the body takes (at least one).
     pub unit_count: u64,
     pub data_count: u64,
     /// Blocks placed: units, data, and a classic commit's commit block.
     pub span: u64,
     pub record_count: u32,
-    /// The dependencies the body records (on other streams, not durable when encoded).
-    pub deps: Vec<TxId>,
+}
+
+/// Where a body's encoding goes: the payloads of consecutive unit blocks (each after its
+/// header, `cap` bytes), filled in order.
+struct Payloads<'a> {
+    units: &'a mut [u8],
+    block_size: usize,
+    cap: usize,
+    /// The unit being filled, and the bytes of its payload filled so far.
+    unit: usize,
+    at: usize,
+}
+
+impl Payloads<'_> {
+    /// Append `part`, continuing in the next unit's payload when this one is full.
+    fn put(&mut self, mut part: &[u8]) {
+        while !part.is_empty() {
+            if self.at == self.cap {
+                self.unit += 1;
+                self.at = 0;
+            }
+            let n = (self.cap - self.at).min(part.len());
+            let from = self.unit * self.block_size + UNIT_HEADER_SIZE + self.at;
+            self.units[from..from + n].copy_from_slice(&part[..n]);
+            part = &part[n..];
+            self.at += n;
+        }
+    }
 }
 
 impl Log {
@@ -75,8 +104,8 @@ impl Log {
             payload_len: 0,
         };
         if let Some(ask) = tx.run {
-            let run = Self::open_run(&mut st, ask, tx.stream, header.seq)?;
-            Body::patch_run(&mut enc.body, run);
+            // Same size as the placeholder `encode` counted.
+            enc.body.run = Some(Self::open_run(&mut st, ask, tx.stream, header.seq)?);
         }
         let start = self.segment_start(st.segment).saturating_add(u64::from(st.offset));
         let bytes = usize::try_from(enc.unit_count + enc.data_count)
@@ -85,7 +114,8 @@ impl Log {
             .ok_or_else(|| LogError::Invalid("transaction larger than memory".into()))?;
         let info = self.record_placed(&mut st, &header, &enc, start);
         if mode == CommitMode::Orderless {
-            let mut buf = IoBuf::zeroed(bytes);
+            // Not zeroed: `units_and_data` writes every byte.
+            let mut buf = IoBuf::for_overwrite(bytes);
             self.units_and_data(&enc, &header, &tx.data, &mut buf);
             return self.submit_orderless(st, info, start, buf).map(|()| info);
         }
@@ -163,19 +193,20 @@ impl Log {
         let record_count = u32::try_from(tx.records.len())
             .map_err(|_| LogError::Invalid("more than 2^32 records".into()))?;
         // A run's place is known only under the stream lock; the placeholder has its size and
-        // is filled in there (`Body::patch_run`).
+        // is replaced there.
         let placeholder = tx.run.map(|_| Run { role: RunRole::Part, seq: 0, index: 0 });
         // The records move into the body; the caller needs only the data blocks after this.
         let records = std::mem::take(&mut tx.records);
-        let body = Body { deps: deps.clone(), data_crcs, records, run: placeholder }.encode();
+        let body = Body { deps, data_crcs, records, run: placeholder };
+        let body_len = body.encoded_len();
         let cap = payload_capacity(self.block_size);
-        let unit_count = body.len().div_ceil(cap).max(1) as u64;
+        let unit_count = body_len.div_ceil(cap).max(1) as u64;
         let data_count = tx.data.len() as u64;
         let span = unit_count + data_count + u64::from(mode == CommitMode::Classic);
         if span > u64::from(self.segment_blocks) {
             return Err(LogError::TooLarge { blocks: span, segment_blocks: self.segment_blocks });
         }
-        Ok(Encoded { body, unit_count, data_count, span, record_count, deps })
+        Ok(Encoded { body, body_len, unit_count, data_count, span, record_count })
     }
 
     /// Lock stream `s` with a sequence number free to take (raising the durable reservation
@@ -227,8 +258,8 @@ impl Log {
     }
 
     /// Write the blocks a transaction writes into `out` (exactly their size; every byte is
-    /// written): its units (the body cut into payloads, each with its header) and then its
-    /// data blocks, zero-padded.
+    /// written, whatever `out` held): its units (the body encoded straight into their
+    /// payloads, then each sealed with its header) and then its data blocks, zero-padded.
     pub(crate) fn units_and_data(
         &self,
         enc: &Encoded,
@@ -240,13 +271,14 @@ impl Log {
         let cap = payload_capacity(self.block_size);
         debug_assert_eq!(out.len() as u64, (enc.unit_count + enc.data_count) * bs as u64);
         let (units, blocks) = out.split_at_mut(enc.unit_count as usize * bs);
-        for (i, (chunk, block)) in enc.body.chunks(cap).zip(units.chunks_exact_mut(bs)).enumerate()
-        {
-            let h = UnitHeader { unit_index: i as u32, payload_len: chunk.len() as u32, ..*header };
-            h.encode_into(&self.uuid, chunk, block);
-        }
-        if enc.body.is_empty() {
-            header.encode_into(&self.uuid, &[], &mut units[..bs]);
+        let mut payloads = Payloads { units: &mut *units, block_size: bs, cap, unit: 0, at: 0 };
+        enc.body.encode_with(|part| payloads.put(part));
+        debug_assert_eq!(payloads.unit * cap + payloads.at, enc.body_len, "body length");
+        for (i, block) in units.chunks_exact_mut(bs).enumerate() {
+            let payload_len = enc.body_len.saturating_sub(i * cap).min(cap);
+            let h = UnitHeader { unit_index: i as u32, payload_len: payload_len as u32, ..*header };
+            h.seal(&self.uuid, block);
+            debug_assert!(UnitHeader::decode(&self.uuid, block, 0, true).is_ok(), "unit sealed");
         }
         for (d, block) in data.iter().zip(blocks.chunks_exact_mut(bs)) {
             // (`check_commit` refused blocks larger than a block.)
@@ -266,8 +298,9 @@ impl Log {
         start: u64,
     ) -> CommitInfo {
         let seq = header.seq;
-        if !enc.deps.is_empty() {
-            st.waits_on.insert(seq, enc.deps.clone());
+        // The dependencies the body records (on other streams, not durable when encoded).
+        if !enc.body.deps.is_empty() {
+            st.waits_on.insert(seq, enc.body.deps.clone());
         }
         st.offset += enc.span as u32;
         st.last_seq = seq;
@@ -452,6 +485,44 @@ mod tests {
         assert!(block[..10].iter().all(|&b| b == 7) && block[10..].iter().all(|&b| b == 0));
         dev.read(info.data_start + 2, &mut block).unwrap();
         assert!(block[..20].iter().all(|&b| b == 9) && block[20..].iter().all(|&b| b == 0));
+    }
+
+    /// Bodies encoded straight into their units' payloads (over the junk of a reused buffer)
+    /// come back whole at every place a record can cross a unit's end: records that end just
+    /// before, at and after it, a record longer than a unit, with dependencies and data.
+    #[test]
+    fn bodies_spanning_units_are_recovered_whole() {
+        let dev = Arc::new(MemDevice::new(4096, 1024).unwrap());
+        Log::format(&*dev, &LogConfig { streams: 2, segment_blocks: 64, ..LogConfig::default() })
+            .unwrap();
+        let (log, _) = Log::open(dev.clone(), OpenOptions::default()).unwrap();
+        let other = log.commit(Transaction::new(1)).unwrap().ticket;
+        let cap = crate::format::unit::payload_capacity(4096);
+        let mut sent = Vec::new();
+        for (i, first) in
+            [cap - 40, cap - 36, cap - 32, cap, 2 * cap + 5, 9000].into_iter().enumerate()
+        {
+            // Junk in the pool's buffers of the sizes these transactions take.
+            for blocks in 1..=5 {
+                let mut junk = tally_media::IoBuf::zeroed(blocks * 4096);
+                junk.fill(0xC3);
+            }
+            let mut tx = Transaction::new(0);
+            tx.depend_on(other);
+            let records = vec![vec![i as u8 + 1; first], vec![0xEE; 3], Vec::new()];
+            for r in &records {
+                tx.record(r.clone());
+            }
+            tx.data(vec![i as u8; 100]);
+            log.commit(tx).unwrap();
+            sent.push(records);
+        }
+        log.sync().unwrap();
+        drop(log);
+        let (_log, r) = Log::open(dev, OpenOptions::default()).unwrap();
+        let got: Vec<_> = r.streams[0].txs.iter().map(|t| t.records.clone()).collect();
+        assert_eq!(got, sent);
+        assert!(r.streams[0].txs.iter().all(|t| t.deps == [other] && t.data_count == 1));
     }
 
     /// The crc handed down is the one written: a wrong one is a caller's bug that debug builds

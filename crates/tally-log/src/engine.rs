@@ -383,15 +383,7 @@ pub(crate) fn crc_pad(crc: u32, len: usize, block_size: usize) -> u32 {
     if len >= block_size {
         return crc;
     }
-    let zeros = [0u8; 4096];
-    let mut crc = crc;
-    let mut left = block_size - len;
-    while left > 0 {
-        let n = left.min(zeros.len());
-        crc = crc32c::crc32c_append(crc, &zeros[..n]);
-        left -= n;
-    }
-    crc
+    crate::format::crc_zeros(crc, block_size - len)
 }
 
 #[cfg(test)]

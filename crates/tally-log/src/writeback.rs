@@ -18,8 +18,11 @@
 //! A placed transaction is encoded straight into its stream's buffer: the end of the last
 //! batch buffer ([`Buffered`]) when it continues it on the device and fits, else a new one,
 //! each new one of a stream twice the size of what the stream holds (from
-//! [`CHUNK_BYTES_MIN`] up to [`WriteBehind::write_bytes_max`]). So a small transaction costs
-//! no allocation of its own and its bytes are copied once, not again into a merged write.
+//! [`CHUNK_BYTES_MIN`] up to [`WriteBehind::write_bytes_max`]). Its body is encoded there
+//! too, straight into its units' payloads (`Log::units_and_data`), and each unit's zero tail
+//! is written once and checksummed without being read (`UnitHeader::seal`). So a small
+//! transaction costs no allocation of its own and its bytes are copied once, not again into a
+//! merged write.
 //!
 //! Invariants:
 //! - a stream's buffer holds its transactions in sequence order and is written out oldest

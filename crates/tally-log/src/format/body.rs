@@ -8,7 +8,7 @@
 //! ..  record_count × { u32 len, len bytes }
 //! ```
 
-use super::codec::{Appender, Cursor, Truncated};
+use super::codec::{Cursor, Truncated};
 use crate::error::corrupted;
 use crate::Result;
 
@@ -86,51 +86,43 @@ impl Body {
     /// If a count does not fit its field: the transaction builder bounds them (a bug otherwise).
     #[must_use]
     pub fn encode(&self) -> Vec<u8> {
-        let mut a = Appender::with_capacity(self.encoded_len());
-        a.u16(count(self.deps.len()));
-        a.u16(match self.run.map(|r| r.role) {
+        let mut bytes = Vec::with_capacity(self.encoded_len());
+        self.encode_with(|part| bytes.extend_from_slice(part));
+        bytes
+    }
+
+    /// Encode, handing the encoding to `put` in pieces, in order (their concatenation is
+    /// [`Body::encode`]'s bytes, [`Body::encoded_len`] of them): lets the log write a body
+    /// straight into its units' payloads.
+    ///
+    /// # Panics
+    /// As [`Body::encode`].
+    pub fn encode_with(&self, mut put: impl FnMut(&[u8])) {
+        put(&count::<u16>(self.deps.len()).to_le_bytes());
+        let role: u16 = match self.run.map(|r| r.role) {
             None => 0,
             Some(RunRole::Part) => 1,
             Some(RunRole::Close) => 2,
-        });
-        a.u32(count(self.data_crcs.len()));
-        a.u32(count(self.records.len()));
-        a.u32(self.run.map_or(0, |r| r.index));
+        };
+        put(&role.to_le_bytes());
+        put(&count::<u32>(self.data_crcs.len()).to_le_bytes());
+        put(&count::<u32>(self.records.len()).to_le_bytes());
+        put(&self.run.map_or(0, |r| r.index).to_le_bytes());
         if let Some(r) = self.run {
-            a.u64(r.seq);
+            put(&r.seq.to_le_bytes());
         }
         for d in &self.deps {
-            a.u16(d.stream);
-            a.put(&[0; 6]);
-            a.u64(d.seq);
+            put(&d.stream.to_le_bytes());
+            put(&[0; 6]);
+            put(&d.seq.to_le_bytes());
         }
         for &crc in &self.data_crcs {
-            a.u32(crc);
+            put(&crc.to_le_bytes());
         }
         for r in &self.records {
-            a.bytes_len32(r);
+            put(&count::<u32>(r.len()).to_le_bytes());
+            put(r);
         }
-        a.into_vec()
-    }
-
-    /// Fill in the run fields of an encoded body that was encoded with a run placeholder (same
-    /// size).
-    ///
-    /// # Panics
-    /// If `bytes` was not encoded with a run (a bug).
-    pub(crate) fn patch_run(bytes: &mut [u8], run: Run) {
-        let role: u16 = match run.role {
-            RunRole::Part => 1,
-            RunRole::Close => 2,
-        };
-        let fields: Option<&mut [u8; BODY_HEADER_SIZE + RUN_SEQ_SIZE]> =
-            bytes.get_mut(..BODY_HEADER_SIZE + RUN_SEQ_SIZE).and_then(|f| f.try_into().ok());
-        let Some(fields) = fields.filter(|f| f[2..4] != [0, 0]) else {
-            panic!("patch_run on a body encoded without a run");
-        };
-        fields[2..4].copy_from_slice(&role.to_le_bytes());
-        fields[12..16].copy_from_slice(&run.index.to_le_bytes());
-        fields[16..24].copy_from_slice(&run.seq.to_le_bytes());
     }
 
     /// Decode, checking every count against the bytes present.

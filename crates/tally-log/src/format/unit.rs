@@ -7,7 +7,7 @@
 //! every data block matches the crc the body lists for it (count-based commit: no commit record).
 
 use super::codec::{tiles, Reader, Writer};
-use super::{crc_seeded, FORMAT_VERSION};
+use super::{crc_seeded, crc_zeros, FORMAT_VERSION};
 use crate::error::corrupted;
 use crate::Result;
 
@@ -123,12 +123,29 @@ impl UnitHeader {
     pub fn encode_into(&self, uuid: &[u8; 16], payload: &[u8], block: &mut [u8]) {
         assert!(payload_capacity_of(block.len()) >= payload.len(), "payload exceeds the unit");
         assert_eq!(payload.len(), self.payload_len as usize);
-        block.fill(0);
-        let mut w = Writer::new(block);
+        Writer::new(block).put(UNIT_HEADER_SIZE, payload);
+        self.seal(uuid, block);
+    }
+
+    /// Seal `block` (one whole block) as this header's unit, its payload (`payload_len` bytes)
+    /// already in place after the header: write the header, zero the bytes after the payload
+    /// (whatever `block` held there before) and the crc. The same bytes as
+    /// [`UnitHeader::encode_into`] with that payload; the crc covers the payload once and
+    /// extends over the zeros without reading them.
+    pub fn seal(&self, uuid: &[u8; 16], block: &mut [u8]) {
+        let end = usize::try_from(self.payload_len)
+            .ok()
+            .and_then(|len| UNIT_HEADER_SIZE.checked_add(len))
+            .filter(|&end| end <= block.len());
+        let Some(end) = end else { panic!("payload exceeds the unit") };
+        let (head, tail) = block.split_at_mut(end);
+        tail.fill(0);
+        let mut w = Writer::new(head);
         w.put(off::MAGIC, &UNIT_MAGIC);
         w.u16(off::VERSION, FORMAT_VERSION);
         w.put(off::KIND, &[self.kind as u8, self.flags]);
         w.u16(off::STREAM, self.stream);
+        w.put(off::RESERVED, &[0; 2]);
         w.u32(off::EPOCH, self.epoch);
         w.u64(off::SEQ, self.seq);
         w.u64(off::PREV_SEQ, self.prev_seq);
@@ -138,9 +155,8 @@ impl UnitHeader {
         w.u32(off::NEXT_SEGMENT, self.next_segment);
         w.u64(off::DURABLE_WATERMARK, self.durable_watermark);
         w.u32(off::PAYLOAD_LEN, self.payload_len);
-        w.put(UNIT_HEADER_SIZE, payload);
-        let crc = unit_crc(uuid, block);
-        Writer::new(block).u32(off::CRC, crc);
+        let crc = crc_zeros(unit_crc(uuid, head), tail.len());
+        Writer::new(head).u32(off::CRC, crc);
     }
 
     /// Decode a unit block read from `block_no`. With `check_crc` false (mutation testing only)
@@ -257,6 +273,24 @@ mod tests {
         let (h, payload) = UnitHeader::decode(&uuid, &block, 0, true).unwrap();
         assert_eq!((h, payload), (header(), &b"hello"[..]));
         assert_eq!(h.span_blocks(), 3);
+    }
+
+    /// Sealing a block that holds junk (a reused buffer) writes exactly the bytes of encoding
+    /// into a zeroed one, at every payload length.
+    #[test]
+    fn seal_over_junk_equals_encode_into_zeros() {
+        let uuid = [7; 16];
+        let payload: Vec<u8> = (0..448u32).map(|i| (i * 7 + 1) as u8).collect();
+        for len in 0..=payload.len() {
+            let h = UnitHeader { payload_len: len as u32, ..header() };
+            let mut zeroed = vec![0u8; 512];
+            h.encode_into(&uuid, &payload[..len], &mut zeroed);
+            let mut junk = vec![0xA5u8; 512];
+            junk[UNIT_HEADER_SIZE..UNIT_HEADER_SIZE + len].copy_from_slice(&payload[..len]);
+            h.seal(&uuid, &mut junk);
+            assert_eq!(junk, zeroed, "payload of {len} bytes");
+            assert!(UnitHeader::decode(&uuid, &junk, 0, true).is_ok());
+        }
     }
 
     #[test]
