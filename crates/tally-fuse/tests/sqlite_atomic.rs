@@ -765,7 +765,15 @@ fn a_batch_atomic_commit_costs_one_flush_and_its_fsync_none() {
         let db = s.dir().join("bank.db");
         create_bank(&db);
         per_transfer.push(flushes_per_transfer(&dev, &db, commits));
-        tally_fuse::unmount_dir(&s.dir(), false).unwrap();
+        // As `Served::unmount`: EBUSY for a moment while a descriptor of the database is still
+        // held elsewhere (a child another test forks meanwhile inherits every open descriptor
+        // of this process until it exits).
+        let mut tries = 0;
+        while let Err(e) = tally_fuse::unmount_dir(&s.dir(), false) {
+            tries += 1;
+            assert!(tries < 250, "unmount of {} failed: {e}", s.dir().display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
         assert_eq!(served.join().unwrap(), Unmounted::Clean);
     }
     eprintln!(
