@@ -2,7 +2,8 @@
 //! on every mutant. Each test prints its counts (`--nocapture` to see them).
 
 use tally_crash::fsexplore::{
-    large, names, workload_set, FsExploreConfig, FsExplorer, FsReport, HUGE_BLOCKS,
+    large, names, workload_set, FsExploreConfig, FsExplorer, FsFirstViolation, FsReport,
+    HUGE_BLOCKS,
 };
 
 /// Seq-2 workloads drawn by the seed (of about 69,000).
@@ -34,6 +35,11 @@ fn show(name: &str, r: &FsReport) {
             v.message
         );
     }
+}
+
+/// A mutant's name and the violation that caught it.
+fn show_caught(mutant: &str, v: &FsFirstViolation) {
+    println!("  => {mutant} caught by {} in `{}` at {}", v.invariant.name(), v.workload, v.at);
 }
 
 fn explore(cfg: FsExploreConfig, sets: &[String], name: &str) -> FsReport {
@@ -157,13 +163,7 @@ fn a_large_transaction_without_its_close_is_caught_by_the_fs_explorer() {
         };
         let r = explore(cfg, &["large".into()], m.name());
         let v = r.first_violation.unwrap_or_else(|| panic!("log mutant {} not caught", m.name()));
-        println!(
-            "  => {} caught by {} in `{}` at {}",
-            m.name(),
-            v.invariant.name(),
-            v.workload,
-            v.at
-        );
+        show_caught(m.name(), &v);
     }
 }
 
@@ -201,13 +201,7 @@ fn namespace_changes_not_ordered_are_caught_on_sqlites_pattern() {
         let cfg = FsExploreConfig { mutant: Some(m), ..FsExploreConfig::default() };
         let r = explore(cfg, &["names".into()], m.name());
         let v = r.first_violation.expect("namespace-not-ordered not caught by the names set");
-        println!(
-            "  => {} caught by {} in `{}` at {}",
-            m.name(),
-            v.invariant.name(),
-            v.workload,
-            v.at
-        );
+        show_caught(m.name(), &v);
         assert_eq!((v.set.as_str(), v.index), ("names", 0), "not caught on SQLite's pattern");
         // And after the database's fsync returned: the journal back (SQLite's hot journal).
         println!("  violations by invariant: {:?}", r.violations_by_invariant);
