@@ -94,7 +94,7 @@ impl Fs {
             .filter_map(|k| st.inodes.get(&k.owner()).and_then(|i| i.last_tx))
             .chain(undo.iter().filter_map(crate::txn::Undo::last_tx))
             .collect();
-        deps.extend(self.pending_barriers(st));
+        deps.extend_from_slice(self.pending_barriers(st));
         deps.sort_unstable();
         deps.dedup();
         deps.retain(|t| t.stream != stream && self.log.durable_seq(t.stream) < t.seq);
@@ -136,9 +136,9 @@ impl Fs {
 
     /// The barriers not yet durable (namespace changes and `Fs::barrier`s): what every durable
     /// wait takes along.
-    pub(crate) fn pending_barriers(&self, st: &mut State) -> Vec<TxId> {
+    pub(crate) fn pending_barriers<'s>(&self, st: &'s mut State) -> &'s [TxId] {
         st.barriers.retain(|t| self.log.durable_seq(t.stream) < t.seq);
-        st.barriers.clone()
+        &st.barriers
     }
 
     /// Write the current state of `keys` as one log transaction with version `ver`; update the

@@ -25,7 +25,7 @@ impl Fs {
         let wants = {
             let mut st = lock(&self.state)?;
             let last = st.inode(ino)?.last_tx;
-            let mut wants = self.pending_barriers(&mut st);
+            let mut wants = self.pending_barriers(&mut st).to_vec();
             wants.extend(last);
             wants
         };
@@ -186,7 +186,7 @@ impl Fs {
         }
         st.txns.locks.retain(|_, owner| *owner != txn.id);
         let wants = result.map(|close| {
-            let mut wants = self.pending_barriers(&mut st);
+            let mut wants = self.pending_barriers(&mut st).to_vec();
             wants.extend(close);
             wants
         });
