@@ -408,22 +408,29 @@ fn status_of(pid: u32) -> Option<(u32, u32)> {
     Some((field("Tgid:")?, field("PPid:")?))
 }
 
-/// `PF_EXITING` in `/proc/<pid>/stat`'s flags: the task is in `do_exit` (set before its files
-/// are closed).
-const PF_EXITING: u64 = 0x4;
-
-/// The thread group of thread `pid`, and whether it is exiting (`PF_EXITING`).
+/// The thread group of thread `pid`, and whether it is exiting: in `do_exit`, past the point
+/// where it let go of its memory (`exit_mm`, which comes before `exit_files` closes its files,
+/// so before any `FLUSH` its death sends). `/proc/<pid>/status` then has no `VmSize` line
+/// (a user task has one at every other moment; kernel threads, which have none, send no
+/// `FLUSH` of a file they did not open, and their thread group is never a starter).
+///
+/// Not `PF_EXITING` from `/proc/<pid>/stat`: a read of `stat` waits while the task is in the
+/// middle of `execve`, and `execve` closes the close-on-exec files, whose `FLUSH` waits for this
+/// answer — a deadlock that hung a process starting a program while it held a file with an
+/// atomic write open (`tests/sqlite_atomic.rs`). `status` is read without that wait.
 fn exit_status_of(pid: u32) -> Option<(u32, bool)> {
     if pid == 0 {
         return None;
     }
-    let (tgid, _) = status_of(pid)?;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // `pid (comm) state ppid pgrp session tty_nr tpgid flags …`; comm may hold spaces and
-    // parentheses, so fields are counted after the last `)`.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let flags: u64 = rest.split_whitespace().nth(6)?.parse().ok()?;
-    Some((tgid, flags & PF_EXITING != 0))
+    #[cfg(test)]
+    tests::STATUS_READS.fetch_add(1, Ordering::Relaxed);
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let tgid = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse::<u32>().ok())?;
+    let has_memory = text.lines().any(|l| l.starts_with("VmSize:"));
+    Some((tgid, !has_memory))
 }
 
 /// The thread group of thread `pid`, then its parent, grandparent, … (at most `depth` entries,
@@ -570,6 +577,27 @@ mod tests {
     fn this_process_is_not_exiting() {
         assert_eq!(exit_status_of(me()), Some((me(), false)));
         assert_eq!(exit_status_of(0), None);
+    }
+
+    #[test]
+    fn a_dead_child_is_exiting() {
+        // SAFETY: the child only calls _exit (async-signal-safe).
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(0) };
+        }
+        assert!(child > 0, "fork: {}", std::io::Error::last_os_error());
+        let pid = u32::try_from(child).unwrap();
+        // A zombie until reaped: past exit_mm, as a process is when its dying FLUSH comes.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while exit_status_of(pid) != Some((pid, true)) {
+            assert!(std::time::Instant::now() < deadline, "{:?}", exit_status_of(pid));
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let mut status = 0;
+        // SAFETY: reaps the child forked above.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
     }
 
     #[test]

@@ -19,7 +19,9 @@
 //!   blocked on the dead writer's POSIX lock sees the old file the moment it gets the lock,
 //!   even while another process keeps the file open (no `RELEASE` yet); a `close` of a copy by
 //!   the live starter or by an exiting child leaves it open. Mutants (feature `mutants`):
-//!   `flush-keeps-atomic-write` and `flush-aborts-always`.
+//!   `flush-keeps-atomic-write` and `flush-aborts-always`;
+//! - a program started while an atomic write is open (its `execve` closes the owning file's
+//!   close-on-exec copy): the `FLUSH` neither hangs nor aborts the write.
 //!
 //! Needs root and a usable /dev/fuse (fails under `CI=true` without them).
 
@@ -703,6 +705,43 @@ fn flush_aborts_an_atomic_write_only_when_its_process_dies() {
     assert_eq!(m.unmount(), Unmounted::Clean);
     let m = s.mount();
     assert_eq!(fs::read(m.path("flush-rule")).unwrap(), b"NEW contents");
+    assert_eq!(m.unmount(), Unmounted::Clean);
+}
+
+/// A program started while an atomic write is open: its `execve` closes its copy of the
+/// owning file (close-on-exec, as every file Rust and SQLite open), so `FLUSH` comes from a
+/// process in the middle of `execve`. The daemon must answer it without waiting on that
+/// process: reading its `/proc/<pid>/stat` blocks until the `execve` is over, which waits on
+/// this `FLUSH`, and that deadlock hung CI (a test spawning writers while SQLite in another
+/// test held an atomic write). The exec is not a death, so the write stays open.
+#[test]
+fn an_exec_while_an_atomic_write_is_open_neither_hangs_nor_aborts_it() {
+    require_fuse!();
+    let s = Scratch::new("sqlite-atomic", "exec");
+    let m = s.mount();
+    let path = m.path("f");
+    fs::write(&path, "old contents").unwrap();
+    let f = rw(&path);
+    ioctl(&f, START).unwrap();
+    f.write_all_at(b"NEW", 0).unwrap();
+    let connection = m.connection();
+    let before = m.requests();
+    for round in 0..5 {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(Command::new("true").status().map(|s| s.success())));
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(ran) => assert!(ran.unwrap(), "`true` failed"),
+            Err(_) => {
+                Served::abort_connection(connection);
+                panic!("round {round}: an exec that closes a file owning an atomic write hung");
+            }
+        }
+        assert_eq!(head(&f), "NEW contents", "round {round}: the exec aborted the atomic write");
+    }
+    assert!(m.requests().since(&before).get(Opcode::Flush) >= 5, "the execs sent no FLUSH");
+    ioctl(&f, COMMIT).unwrap();
+    drop(f);
+    assert_eq!(fs::read(&path).unwrap(), b"NEW contents");
     assert_eq!(m.unmount(), Unmounted::Clean);
 }
 

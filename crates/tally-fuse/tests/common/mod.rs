@@ -162,6 +162,22 @@ impl Served {
         self.requests.snapshot()
     }
 
+    /// The kernel's number for this mount's FUSE connection (the minor of its device), which
+    /// names its directory under `/sys/fs/fuse/connections`.
+    pub fn connection(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        libc::minor(fs::metadata(&self.dir).unwrap().dev()).into()
+    }
+
+    /// End connection `connection` as `fusectl` does (every request waiting on it fails with
+    /// `ENOTCONN`): how a test that found the mount hung frees the processes stuck in it.
+    pub fn abort_connection(connection: u64) {
+        let at = format!("/sys/fs/fuse/connections/{connection}/abort");
+        if let Err(e) = fs::write(&at, "1") {
+            eprintln!("could not abort FUSE connection {connection} ({at}): {e}");
+        }
+    }
+
     /// Unmount through the kernel and wait for the session to write its snapshot.
     pub fn unmount(mut self) -> Unmounted {
         let mut tries = 0;
