@@ -550,11 +550,22 @@ fn writer_kills_catch_an_abort_left_to_release() {
     let m: Served = s.mount_with(Some(FuseMutant::FlushKeepsAtomicWrite));
     let db: PathBuf = m.path("bank.db");
     create_bank(&db);
+    let creations = Creations::watch(&m.dir);
     let found = kill_writers(&s, &db, 0x5EED, (1000, 1000, Duration::from_secs(60)));
-    eprintln!("flush-keeps-atomic-write: {:?}", found.as_ref().map(|k| (k.kills, k.transfers)));
-    // Caught by a reader (a half-committed bank, or a transfer it saw rolled back), or by a
-    // writer failing on the atomic write left open.
-    assert!(found.as_ref().is_err_and(|e| !e.contains("did not start")), "{:?}", found.err());
+    let journals = journal_names(creations.names());
+    eprintln!(
+        "flush-keeps-atomic-write: {:?}, journals created: {journals:?}",
+        found.as_ref().map(|k| (k.kills, k.transfers))
+    );
+    // Caught by what the test without the mutant checks: a reader (a half-committed bank, or a
+    // transfer it saw rolled back), a writer failing on the atomic write left open, or a
+    // journal (a writer whose START meets the dead writer's write still open gets EBUSY and
+    // SQLite commits with its journal instead, which readers cannot tell apart; one run in
+    // about 30 went 1,000 kills with no reader catching anything).
+    let caught =
+        found.as_ref().is_err_and(|e| !e.contains("did not start")) || !journals.is_empty();
+    assert!(caught, "{:?}", found.err());
+    drop(creations);
     assert_eq!(m.unmount(), Unmounted::Clean);
 }
 
