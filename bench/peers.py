@@ -214,9 +214,10 @@ def record(workload, system, config, run, ops, seconds, payload, counters, cpu_s
 
 
 def save():
-    # The scratch directory's path is this machine's: the committed data names it $WORK.
+    # The scratch directory's and the binary's paths are this machine's: the committed data
+    # names them $WORK and `tally` (a failed window's error quotes the command it ran).
     with open(OUT, "w") as f:
-        f.write(json.dumps(results, indent=1).replace(WORK, "$WORK"))
+        f.write(json.dumps(results, indent=1).replace(TALLY, "tally").replace(WORK, "$WORK"))
 
 
 def attempt(label, fn):
