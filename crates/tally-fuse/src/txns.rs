@@ -311,9 +311,12 @@ impl Txns {
             }
             _ => {}
         }
-        // A thread whose /proc entry cannot be read is gone: its process is exiting.
+        // A caller outside the mount's pid namespace comes as pid 0: it is the starter only if
+        // the starter came so too (then nothing tells whether it is dying: taken as dying). A
+        // thread whose /proc entry cannot be read is gone: its process is exiting.
         let (tgid, exiting) = match exit_status_of(pid) {
-            Some((tgid, exiting)) => (tgid, exiting),
+            Some(found) => found,
+            None if pid == 0 => (0, true),
             None => (starter, true),
         };
         if tgid != starter || !exiting {
@@ -561,8 +564,10 @@ mod tests {
         assert!(t.owns_atomic(3) && !t.owns_atomic(4));
         assert!(t.route_handle(3).is_some() && t.route_handle(4).is_none());
         assert_eq!(t.current(me()), 0, "the starter's other requests are not routed");
-        // A flush by a live process (this one) keeps it.
+        // A flush by a live process (this one) keeps it, and so does one from outside the
+        // mount's pid namespace (pid 0), which cannot be the starter.
         assert!(!t.abort_if_exiting(&fs, 3, me()).unwrap());
+        assert!(!t.abort_if_exiting(&fs, 3, 0).unwrap(), "a caller with pid 0 aborted it");
         {
             let b = t.route_handle(3).unwrap();
             let g = b.read();
