@@ -11,6 +11,7 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -443,28 +444,50 @@ impl Mounted {
     /// The session failed (the file system is unmounted all the same; see its outcome in the
     /// log).
     pub fn run(self) -> io::Result<Unmounted> {
-        let Mounted { session, outcome, dir, read_ahead_kb, .. } = self;
+        let Mounted { session, outcome, dir, read_ahead_kb, requests, .. } = self;
+        let ended = Arc::new(AtomicBool::new(false));
         if read_ahead_kb > 0 {
-            set_read_ahead_later(dir, read_ahead_kb);
+            set_read_ahead_later(dir, read_ahead_kb, requests, ended.clone());
         }
-        session.run()?;
+        let served = session.run();
+        ended.store(true, Ordering::Release);
+        served?;
         let taken = outcome.lock().unwrap_or_else(PoisonError::into_inner).take();
         Ok(taken.unwrap_or(Unmounted::WithoutSnapshot("destroy did not run".into())))
     }
 }
 
 /// Set the mount's read-ahead to `kb` KiB from a thread, once the kernel has initialised the
-/// connection: the thread's `stat` of the mount's root waits for that (the kernel holds
-/// requests until `INIT` is answered), and gives the device number that names the mount's
-/// backing device info in sysfs. The `INIT` exchange itself only lowers read-ahead, so it is
-/// raised after. Failing (not root, no sysfs) leaves the kernel's and says so.
-fn set_read_ahead_later(dir: PathBuf, kb: u32) {
+/// connection (the `INIT` exchange itself only lowers read-ahead, so it is raised after): the
+/// kernel sends no other request before it has taken `INIT`'s answer, so the first request
+/// counted says it is done. Gives up when the session ends first. Failing (not root, no
+/// sysfs) leaves the kernel's and says so.
+///
+/// The thread never makes a request to the mount itself. It used to `stat` the mount's root to
+/// wait for `INIT`, and a daemon killed with SIGKILL while one of its request threads held
+/// that `GETATTR` could not die: the `stat` then waits for an answer no thread will give
+/// (FUSE waits out a request already read by the daemon), and the process, alive in that one
+/// thread, keeps `/dev/fuse` open, so the kernel never ends the connection; the image stayed
+/// locked ("in use") until the connection was aborted by hand.
+fn set_read_ahead_later(
+    dir: PathBuf,
+    kb: u32,
+    requests: Arc<RequestCounts>,
+    ended: Arc<AtomicBool>,
+) {
     let spawned = std::thread::Builder::new().name("tally-readahead".into()).spawn(move || {
-        use std::os::unix::fs::MetadataExt;
-        let dev = match std::fs::metadata(&dir) {
-            Ok(m) => m.dev(),
-            Err(e) => return tracing::info!("read-ahead left as it is: stat of the mount: {e}"),
+        let dev = match device_of_mount(&dir) {
+            Ok(dev) => dev,
+            Err(e) => return tracing::info!("read-ahead left as it is: statx of the mount: {e}"),
         };
+        let mut pause = Duration::from_millis(1);
+        while requests.snapshot().total() == 0 {
+            if ended.load(Ordering::Acquire) {
+                return;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(200));
+        }
         let path =
             format!("/sys/class/bdi/{}:{}/read_ahead_kb", libc::major(dev), libc::minor(dev));
         match std::fs::write(&path, format!("{kb}\n")) {
@@ -475,6 +498,28 @@ fn set_read_ahead_later(dir: PathBuf, kb: u32) {
     if let Err(e) = spawned {
         tracing::warn!("read-ahead left as it is: {e}");
     }
+}
+
+/// The device number of the file system mounted on `dir`, with no request to it: a `statx`
+/// that asks for no field, which FUSE answers from the superblock alone.
+fn device_of_mount(dir: &Path) -> io::Result<libc::dev_t> {
+    let path = CString::new(dir.as_os_str().as_bytes())?;
+    // SAFETY: an all-zero statx is a valid value for the kernel to fill.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and a statx the call may write.
+    let rc = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::AT_STATX_DONT_SYNC | libc::AT_SYMLINK_NOFOLLOW,
+            0,
+            &mut stx,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(libc::makedev(stx.stx_dev_major, stx.stx_dev_minor))
 }
 
 /// The signals that end a mount, and SIGUSR1 (log the request counts).

@@ -49,6 +49,23 @@ fn sequential_reads_arrive_in_large_requests_and_stay_cached() {
     assert_eq!(m.requests().get(Opcode::Read) - before, 0, "a second open reads from cache");
 }
 
+/// The daemon raises read-ahead without a request to its own mount. It used to `stat` the
+/// mount's root for that, and a daemon killed with SIGKILL while it held that `GETATTR` could
+/// never exit (the `stat` waits out an answer no thread gives, and keeps `/dev/fuse` open), so
+/// its image stayed locked: a full `bench/run.sh` met it as "in use" on a remount.
+#[test]
+fn read_ahead_is_raised_without_a_request_of_the_daemons_own() {
+    require_fuse!();
+    let s = Scratch::new("readahead-test", "own");
+    let m = s.mount();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(m.requests().total(), 0, "requests nobody here sent: {}", m.requests());
+    // The first request tells the daemon the kernel has taken INIT's answer.
+    wait_until("read-ahead raised to 1 MiB", Duration::from_secs(10), || {
+        read_ahead_kb(&m.dir) == 1024
+    });
+}
+
 #[test]
 fn read_ahead_kb_zero_leaves_the_kernels() {
     require_fuse!();
