@@ -400,15 +400,22 @@ impl Txns {
     }
 }
 
-/// `Tgid` and `PPid` of `/proc/<pid>/status`.
-fn status_of(pid: u32) -> Option<(u32, u32)> {
+/// The text of `/proc/<pid>/status` (never `stat`: see [`exit_status_of`]).
+fn status_text(pid: u32) -> Option<String> {
     #[cfg(test)]
     tests::STATUS_READS.fetch_add(1, Ordering::Relaxed);
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |key: &str| {
-        text.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.trim().parse::<u32>().ok())
-    };
-    Some((field("Tgid:")?, field("PPid:")?))
+    std::fs::read_to_string(format!("/proc/{pid}/status")).ok()
+}
+
+/// The number after `key` (`"Tgid:"`, …) in a `/proc/<pid>/status` text.
+fn status_field(text: &str, key: &str) -> Option<u32> {
+    text.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.trim().parse().ok())
+}
+
+/// `Tgid` and `PPid` of `/proc/<pid>/status`.
+fn status_of(pid: u32) -> Option<(u32, u32)> {
+    let text = status_text(pid)?;
+    Some((status_field(&text, "Tgid:")?, status_field(&text, "PPid:")?))
 }
 
 /// The thread group of thread `pid`, and whether it is exiting: in `do_exit`, past the point
@@ -425,15 +432,9 @@ fn exit_status_of(pid: u32) -> Option<(u32, bool)> {
     if pid == 0 {
         return None;
     }
-    #[cfg(test)]
-    tests::STATUS_READS.fetch_add(1, Ordering::Relaxed);
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let tgid = text
-        .lines()
-        .find_map(|l| l.strip_prefix("Tgid:"))
-        .and_then(|v| v.trim().parse::<u32>().ok())?;
+    let text = status_text(pid)?;
     let has_memory = text.lines().any(|l| l.starts_with("VmSize:"));
-    Some((tgid, !has_memory))
+    Some((status_field(&text, "Tgid:")?, !has_memory))
 }
 
 /// The thread group of thread `pid`, then its parent, grandparent, … (at most `depth` entries,
