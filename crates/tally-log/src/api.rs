@@ -250,6 +250,8 @@ pub struct LogStats {
     pub commits: u64,
     /// Flush rounds run by the group flusher.
     pub flush_rounds: u64,
+    /// Flush rounds whose start waited for more waiters to register (gathering).
+    pub gathered_rounds: u64,
     /// Device submissions that wrote out committed transactions (merged batches).
     pub write_outs: u64,
     /// Bytes of committed transactions waiting in memory to be written out.

@@ -82,10 +82,21 @@ pub(crate) struct SbState {
 }
 
 pub(crate) struct FlushState {
+    /// A round is claimed: gathering its waiters or running.
     pub flushing: bool,
     /// Per stream, the highest seq a waiter asked to be durable since the round in progress
     /// (if any) began (0: none): what the next round makes durable, with its dependencies.
     pub needs: Vec<u64>,
+    /// Rounds started so far; a waiter registered for round `started + 1` is counted once in
+    /// `next_waiters`, however often it registers again.
+    pub started: u64,
+    /// Waiters registered for the next round.
+    pub next_waiters: usize,
+    /// The waiters of the last round and those that registered for the next one while it
+    /// ran: how many callers wait for durability together (`durable.rs`, gathering).
+    pub companions: usize,
+    /// Moving average of a round's length (write-out and flush), in nanoseconds.
+    pub round_ns: u64,
 }
 
 /// An open log.
@@ -101,6 +112,10 @@ pub struct Log {
     pub(crate) sb: Mutex<SbState>,
     pub(crate) flush: Mutex<FlushState>,
     pub(crate) flush_cv: Condvar,
+    /// Wakes a round's claimant gathering its waiters when one registers.
+    pub(crate) gather_cv: Condvar,
+    /// Rounds whose start waited for more waiters to register.
+    pub(crate) gathered_waits: AtomicU64,
     pub(crate) options: OpenOptions,
     pub(crate) commits: AtomicU64,
     pub(crate) flush_rounds: AtomicU64,
@@ -231,8 +246,17 @@ impl Log {
             stream_cv,
             space: Mutex::new(space),
             sb: Mutex::new(sb),
-            flush: Mutex::new(FlushState { flushing: false, needs: vec![0; n] }),
+            flush: Mutex::new(FlushState {
+                flushing: false,
+                needs: vec![0; n],
+                started: 0,
+                next_waiters: 0,
+                companions: 0,
+                round_ns: 0,
+            }),
             flush_cv: Condvar::new(),
+            gather_cv: Condvar::new(),
+            gathered_waits: AtomicU64::new(0),
             options,
             commits: AtomicU64::new(0),
             flush_rounds: AtomicU64::new(0),
@@ -265,6 +289,7 @@ impl Log {
         LogStats {
             commits: self.commits.load(Ordering::Relaxed),
             flush_rounds: self.flush_rounds.load(Ordering::Relaxed),
+            gathered_rounds: self.gathered_waits.load(Ordering::Relaxed),
             write_outs: self.writer.write_outs.load(Ordering::Relaxed),
             buffered_bytes: self.writer.buffered_bytes(),
             device: self.dev.stats(),
@@ -308,6 +333,7 @@ impl Log {
     pub(crate) fn fail(&self, e: MediaError) -> LogError {
         let e = self.writer.fail(e);
         self.flush_cv.notify_all();
+        self.gather_cv.notify_all();
         e
     }
 
