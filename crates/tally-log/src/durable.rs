@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 
 use tally_media::Ticket;
 
-use crate::engine::{lock, Log};
+use crate::engine::{lock, FlushState, Log};
 
 /// Longest a round's start waits for more waiters to register (`Log::gather`): 2 ms, so a
 /// slow device's long rounds do not make lone callers wait long.
@@ -62,7 +62,11 @@ impl Log {
     }
 
     /// Block until every transaction of `wants` (valid streams) is durable: register them,
-    /// then wait for the round that serves them, or run it when no round is in progress.
+    /// then wait for the round that serves them, or run one. Rounds on disjoint sets of
+    /// streams run at once: a round claims the streams it writes out (`FlushState::busy`), and
+    /// a waiter whose streams, or whose needs' dependency closure, meet a claimed stream waits
+    /// for that round to end. So an fsync of a small file does not queue behind another
+    /// stream's round writing out a large file (issue 16, fsync isolation).
     fn wait_for(&self, wants: &[TxId]) -> Result<()> {
         let unmet = |w: &TxId| lock(&self.streams[usize::from(w.stream)]).durable < w.seq;
         // The round this call is counted in (`FlushState::next_waiters`).
@@ -84,24 +88,67 @@ impl Log {
                 f.next_waiters += 1;
                 self.gather_cv.notify_one();
             }
-            if f.flushing {
+            let claimed = |f: &FlushState, s: usize| f.busy.get(s).copied().unwrap_or(false);
+            if f.gathering || wants.iter().any(|w| claimed(&f, usize::from(w.stream))) {
                 let _f = self.flush_cv.wait(f).unwrap_or_else(std::sync::PoisonError::into_inner);
                 continue;
             }
             if !wants.iter().any(unmet) {
                 return Ok(());
             }
-            f.flushing = true;
+            // This call's own dependencies on a claimed stream: after that round (it ends
+            // with a wake-up of every waiter).
+            let mut mine = vec![0u64; self.streams.len()];
+            for w in wants {
+                let s = usize::from(w.stream);
+                mine[s] = mine[s].max(w.seq);
+            }
+            self.close_needs(&mut mine);
+            if self.meets_a_claim(&f, &mine) {
+                let _f = self.flush_cv.wait(f).unwrap_or_else(std::sync::PoisonError::into_inner);
+                continue;
+            }
+            f.gathering = true;
             let mut f = self.gather(f);
+            f.gathering = false;
+            // The needs of every stream no round has claimed, closed over their dependencies.
+            let mut needs = vec![0u64; self.streams.len()];
+            for (s, need) in needs.iter_mut().enumerate() {
+                if !claimed(&f, s) {
+                    *need = std::mem::take(&mut f.needs[s]);
+                }
+            }
+            self.close_needs(&mut needs);
+            if self.meets_a_claim(&f, &needs) {
+                // Another waiter's dependency is on a stream a round is writing out (one that
+                // registered while this one gathered): everything waits for that round, which
+                // ends with a wake-up of every waiter.
+                for (s, need) in needs.into_iter().enumerate() {
+                    f.needs[s] = f.needs[s].max(need);
+                }
+                let _f = self.flush_cv.wait(f).unwrap_or_else(std::sync::PoisonError::into_inner);
+                continue;
+            }
+            let targets: Vec<(usize, u64)> = needs
+                .iter()
+                .enumerate()
+                .filter(|&(s, &need)| need > lock(&self.streams[s]).durable)
+                .map(|(s, &need)| (s, need))
+                .collect();
+            for &(s, _) in &targets {
+                f.busy[s] = true;
+            }
             f.started += 1;
             let waiters = std::mem::take(&mut f.next_waiters);
-            let needs = std::mem::replace(&mut f.needs, vec![0; self.streams.len()]);
             drop(f);
+            self.flush_cv.notify_all();
             let began = std::time::Instant::now();
-            let result = self.flush_round(needs);
+            let result = self.flush_round(&targets);
             let took = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
             let mut f = lock(&self.flush);
-            f.flushing = false;
+            for &(s, _) in &targets {
+                f.busy[s] = false;
+            }
             // Who registered while the round ran comes back with those it served.
             f.companions = waiters + f.next_waiters;
             f.round_ns = if f.round_ns == 0 { took } else { (f.round_ns * 7 + took) / 8 };
@@ -122,8 +169,8 @@ impl Log {
     /// alone last time.
     fn gather<'a>(
         &self,
-        mut f: std::sync::MutexGuard<'a, crate::engine::FlushState>,
-    ) -> std::sync::MutexGuard<'a, crate::engine::FlushState> {
+        mut f: std::sync::MutexGuard<'a, FlushState>,
+    ) -> std::sync::MutexGuard<'a, FlushState> {
         if f.next_waiters >= f.companions {
             return f;
         }
@@ -183,31 +230,41 @@ impl Log {
         }
     }
 
-    /// One group flush for `needs` (per stream, the highest seq wanted durable): close them
-    /// over their dependencies, write out and wait for each needed stream up to its target
-    /// (that stream's writes only), flush once, advance those streams' durable watermarks.
-    pub(crate) fn flush_round(&self, mut needs: Vec<u64>) -> Result<()> {
-        self.flush_rounds.fetch_add(1, Ordering::Relaxed);
+    /// Whether `needs` (closed) wants something not yet durable on a stream a running round
+    /// has claimed.
+    fn meets_a_claim(&self, f: &FlushState, needs: &[u64]) -> bool {
+        needs.iter().enumerate().any(|(s, &need)| {
+            need > 0
+                && f.busy.get(s).copied().unwrap_or(false)
+                && need > lock(&self.streams[s]).durable
+        })
+    }
+
+    /// Close `needs` (per stream, the highest seq wanted durable) over the dependencies the
+    /// wanted transactions record, capped at what is placed (`Log::dependency_closure`).
+    fn close_needs(&self, needs: &mut [u64]) {
         if self.mutant(Mutant::DurableClosureSkipped) {
             for (s, need) in needs.iter_mut().enumerate() {
                 *need = (*need).min(lock(&self.streams[s]).last_seq);
             }
         } else {
-            self.dependency_closure(&mut needs);
+            self.dependency_closure(needs);
         }
-        let mut targets = Vec::new();
-        for (s, &need) in needs.iter().enumerate() {
-            if need > lock(&self.streams[s]).durable {
-                targets.push((s, need));
-            }
-        }
+    }
+
+    /// One group flush for `targets` (streams and the highest seq of each to make durable,
+    /// closed over their dependencies, claimed by this round): write out and wait for each
+    /// stream up to its target (those streams' writes only), flush once, advance those
+    /// streams' durable watermarks.
+    pub(crate) fn flush_round(&self, targets: &[(usize, u64)]) -> Result<()> {
+        self.flush_rounds.fetch_add(1, Ordering::Relaxed);
         // Every stream's write-out is submitted before any is waited for: the streams' writes
         // are at the device together, not one stream's round trip after another's.
-        for &(s, target) in &targets {
+        for &(s, target) in targets {
             self.wait_submitted(s, target)?;
         }
         let mut tickets: Vec<Ticket> = Vec::new();
-        for &(s, target) in &targets {
+        for &(s, target) in targets {
             let mut st = lock(&self.streams[s]);
             let (due, rest): (Vec<_>, Vec<_>) =
                 st.inflight.drain(..).partition(|b| b.first <= target);
@@ -220,7 +277,7 @@ impl Log {
         if !self.mutant(Mutant::FlushSkipped) {
             self.dev.flush().map_err(|e| self.fail(e))?;
         }
-        for &(s, target) in &targets {
+        for &(s, target) in targets {
             let mut st = lock(&self.streams[s]);
             st.durable = st.durable.max(target);
             let durable = st.durable;

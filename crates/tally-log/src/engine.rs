@@ -82,8 +82,11 @@ pub(crate) struct SbState {
 }
 
 pub(crate) struct FlushState {
-    /// A round is claimed: gathering its waiters or running.
-    pub flushing: bool,
+    /// A waiter is gathering the waiters of the round it is about to run (`Log::gather`):
+    /// others register and wait.
+    pub gathering: bool,
+    /// Per stream, whether a running round has claimed it (writes it out and flushes).
+    pub busy: Vec<bool>,
     /// Per stream, the highest seq a waiter asked to be durable since the round in progress
     /// (if any) began (0: none): what the next round makes durable, with its dependencies.
     pub needs: Vec<u64>,
@@ -247,7 +250,8 @@ impl Log {
             space: Mutex::new(space),
             sb: Mutex::new(sb),
             flush: Mutex::new(FlushState {
-                flushing: false,
+                gathering: false,
+                busy: vec![false; n],
                 needs: vec![0; n],
                 started: 0,
                 next_waiters: 0,
