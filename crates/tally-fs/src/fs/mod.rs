@@ -139,6 +139,10 @@ impl Txn {
 pub struct Fs {
     pub(crate) log: Log,
     pub(crate) state: Mutex<State>,
+    /// Threads blocked taking the state lock at the start of an operation or an fsync
+    /// ([`Fs::lock_waited`]); a thread that just held the lock long lets them go first
+    /// ([`Fs::let_waiters_first`]).
+    state_waiters: std::sync::atomic::AtomicUsize,
     /// Signalled when an explicit transaction ends (waiters retry).
     cv: Condvar,
     /// Held by the one thread cleaning because space is low ([`Fs::clean_for_space`]).
@@ -218,6 +222,34 @@ fn thread_slot() -> u64 {
 /// the next mount rebuilds the state from the log).
 pub(crate) fn lock(m: &Mutex<State>) -> Result<MutexGuard<'_, State>> {
     m.lock().map_err(|_| FsError::Poisoned)
+}
+
+/// How long a thread must have held the state lock in its last operation to let threads
+/// waiting for it go first before it takes it again ([`Fs::let_waiters_first`]).
+const LONG_HOLD: std::time::Duration = std::time::Duration::from_micros(500);
+/// Longest a thread lets waiters go first.
+const LET_FIRST_MAX: std::time::Duration = std::time::Duration::from_millis(2);
+
+thread_local! {
+    /// How long this thread's last operation held the state lock (from taking it to its end).
+    static LAST_HOLD: std::cell::Cell<std::time::Duration> =
+        const { std::cell::Cell::new(std::time::Duration::ZERO) };
+}
+
+/// Records in [`LAST_HOLD`], when dropped, how long since it was started.
+struct HoldTimer(std::time::Instant);
+
+impl HoldTimer {
+    fn start() -> HoldTimer {
+        HoldTimer(std::time::Instant::now())
+    }
+}
+
+impl Drop for HoldTimer {
+    fn drop(&mut self) {
+        let held = self.0.elapsed();
+        LAST_HOLD.with(|h| h.set(held));
+    }
 }
 
 /// `ctime`/`mtime` to now.
@@ -337,6 +369,7 @@ impl Fs {
             segment_blocks,
             log,
             state: Mutex::new(st),
+            state_waiters: std::sync::atomic::AtomicUsize::new(0),
             cv: Condvar::new(),
             cleaner: Mutex::new(()),
             mutant: opts.mutant,
@@ -590,7 +623,9 @@ impl Fs {
         grows: bool,
         mut f: impl FnMut(&mut State, &mut Cx) -> OpResult<T>,
     ) -> Result<T> {
-        let mut st = lock(&self.state)?;
+        self.let_waiters_first();
+        let mut st = self.lock_waited()?;
+        let _hold = HoldTimer::start();
         let mut waited_since: Option<std::time::Instant> = None;
         let mut fetched = std::collections::HashMap::new();
         let mut cleaned = false;
@@ -738,8 +773,16 @@ impl Fs {
     /// cannot outrun the device: back-pressure), and never an error of the operation, which
     /// is committed: a failed flush makes the file system read-only (fail-stop), and the next
     /// operation says so.
+    ///
+    /// Only the streams holding that data are written out and waited for (each up to its
+    /// newest block held, with the dependencies those transactions record), not every stream:
+    /// another stream's fsync meanwhile runs its own flush round (issue 16, fsync isolation).
     pub(crate) fn write_out_cache(&self) {
-        if let Err(e) = self.log.sync() {
+        let wants: Vec<tally_log::TxId> = match lock(&self.state) {
+            Ok(st) => st.cached.0.iter().filter_map(|q| q.back().map(|c| c.tx)).collect(),
+            Err(_) => return,
+        };
+        if let Err(e) = self.log.wait_durable_all(&wants) {
             let e = self.fail(e);
             tracing::error!("write-out of data held in memory failed: {e}");
             return;
@@ -812,6 +855,42 @@ impl Fs {
             self.futile_clean_at.store(st.dead_blocks, Relaxed);
         }
         Ok(())
+    }
+
+    /// Take the state lock, counted in `state_waiters` while blocked.
+    pub(crate) fn lock_waited(&self) -> Result<MutexGuard<'_, State>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        #[cfg(not(shuttle))]
+        if let Ok(st) = self.state.try_lock() {
+            return Ok(st);
+        }
+        self.state_waiters.fetch_add(1, SeqCst);
+        let st = lock(&self.state);
+        self.state_waiters.fetch_sub(1, SeqCst);
+        st
+    }
+
+    /// Eventual fairness for the state lock. `std`'s lock is not fair: a thread that gives it
+    /// up and takes it again at once (a program streaming 1 MiB writes, each holding the lock
+    /// for its copy, crc and encoding) usually wins over one the kernel has to wake, which
+    /// then waited 10-95 ms for an append of 4 KiB (issue 16's fsync isolation, measured
+    /// beside such a streamer). A thread whose last operation held the lock at least
+    /// [`LONG_HOLD`] therefore lets the threads blocked on it take it first (at most
+    /// [`LET_FIRST_MAX`]) before it takes it again. Short operations never wait here, and
+    /// neither does anyone while nobody waits.
+    fn let_waiters_first(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if cfg!(shuttle) || LAST_HOLD.with(std::cell::Cell::get) < LONG_HOLD {
+            return;
+        }
+        let first = self.state_waiters.load(SeqCst);
+        if first == 0 {
+            return;
+        }
+        let since = std::time::Instant::now();
+        while self.state_waiters.load(SeqCst) >= first && since.elapsed() < LET_FIRST_MAX {
+            std::thread::yield_now();
+        }
     }
 
     pub(crate) fn stream_of(&self, ino: Ino) -> u16 {
