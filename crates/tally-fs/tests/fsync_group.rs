@@ -101,7 +101,8 @@ fn fsyncs_of_different_files_share_flushes() {
     assert_eq!(one_gathered, 0, "one thread: a round waited for other waiters");
     // Ideally 1/8. Without gathering (a round starting the moment the last ends, with
     // whoever has registered), the threads split into two groups that alternate, about 2
-    // rounds per 8 fsyncs (0.23 measured); a round that waits for the waiters of the round
-    // before comes close to one (0.13).
-    assert!(eight <= 0.2, "8 threads: {eight:.2} flushes per fsync");
+    // rounds per 8 fsyncs (0.23-0.24 measured on an idle machine); a round that waits for the
+    // waiters of the round before comes close to one (0.13 idle, 0.13-0.18 with six busy
+    // loops on two cores, where threads come back late).
+    assert!(eight <= 0.21, "8 threads: {eight:.2} flushes per fsync");
 }

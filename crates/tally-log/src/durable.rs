@@ -17,6 +17,11 @@ use crate::engine::{lock, FlushState, Log};
 /// Longest a round's start waits for more waiters to register (`Log::gather`): 2 ms, so a
 /// slow device's long rounds do not make lone callers wait long.
 const GATHER_MOST_NS: u64 = 2_000_000;
+
+/// Bounds of how long a round runs before a waiter on other streams starts one beside it
+/// (`Log::wait_for`): three average rounds, within these.
+const LONG_ROUND_MIN_NS: u64 = 200_000;
+const LONG_ROUND_MAX_NS: u64 = 10_000_000;
 use crate::format::body::TxId;
 use crate::{LogError, Mutant, Result};
 
@@ -63,10 +68,13 @@ impl Log {
 
     /// Block until every transaction of `wants` (valid streams) is durable: register them,
     /// then wait for the round that serves them, or run one. Rounds on disjoint sets of
-    /// streams run at once: a round claims the streams it writes out (`FlushState::busy`), and
-    /// a waiter whose streams, or whose needs' dependency closure, meet a claimed stream waits
-    /// for that round to end. So an fsync of a small file does not queue behind another
-    /// stream's round writing out a large file (issue 16, fsync isolation).
+    /// streams may run at once: a round claims the streams it writes out (`FlushState::busy`),
+    /// and a waiter whose streams, or whose needs' dependency closure, meet a claimed stream
+    /// waits for that round to end. A waiter on other streams waits for the next round too
+    /// while the running one is young, and starts its own beside it once that one has run
+    /// long (three average rounds): so an fsync of a small file does not queue behind another
+    /// stream's round writing out a large file (issue 16, fsync isolation), and short rounds
+    /// still serve many waiters each.
     fn wait_for(&self, wants: &[TxId]) -> Result<()> {
         let unmet = |w: &TxId| lock(&self.streams[usize::from(w.stream)]).durable < w.seq;
         // The round this call is counted in (`FlushState::next_waiters`).
@@ -92,6 +100,22 @@ impl Log {
             if f.gathering || wants.iter().any(|w| claimed(&f, usize::from(w.stream))) {
                 let _f = self.flush_cv.wait(f).unwrap_or_else(std::sync::PoisonError::into_inner);
                 continue;
+            }
+            // A round running for less than a long round's time (3 average rounds, 0.2 to
+            // 10 ms): join the next one rather than start one beside it, so that rounds keep
+            // serving many waiters at once. Only past that, a round is one writing out much
+            // (a large file's cache) and a waiter on other streams goes ahead of it.
+            if let Some(ran) = f.running.iter().map(std::time::Instant::elapsed).max() {
+                let long = std::time::Duration::from_nanos(
+                    f.round_ns.saturating_mul(3).clamp(LONG_ROUND_MIN_NS, LONG_ROUND_MAX_NS),
+                );
+                if ran < long {
+                    let _f = self
+                        .flush_cv
+                        .wait_timeout(f, long - ran)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    continue;
+                }
             }
             if !wants.iter().any(unmet) {
                 return Ok(());
@@ -138,16 +162,20 @@ impl Log {
             for &(s, _) in &targets {
                 f.busy[s] = true;
             }
+            let began = std::time::Instant::now();
+            f.running.push(began);
             f.started += 1;
             let waiters = std::mem::take(&mut f.next_waiters);
             drop(f);
             self.flush_cv.notify_all();
-            let began = std::time::Instant::now();
             let result = self.flush_round(&targets);
             let took = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
             let mut f = lock(&self.flush);
             for &(s, _) in &targets {
                 f.busy[s] = false;
+            }
+            if let Some(i) = f.running.iter().position(|&t| t == began) {
+                f.running.swap_remove(i);
             }
             // Who registered while the round ran comes back with those it served.
             f.companions = waiters + f.next_waiters;

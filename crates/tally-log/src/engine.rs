@@ -87,6 +87,8 @@ pub(crate) struct FlushState {
     pub gathering: bool,
     /// Per stream, whether a running round has claimed it (writes it out and flushes).
     pub busy: Vec<bool>,
+    /// When each running round started.
+    pub running: Vec<std::time::Instant>,
     /// Per stream, the highest seq a waiter asked to be durable since the round in progress
     /// (if any) began (0: none): what the next round makes durable, with its dependencies.
     pub needs: Vec<u64>,
@@ -252,6 +254,7 @@ impl Log {
             flush: Mutex::new(FlushState {
                 gathering: false,
                 busy: vec![false; n],
+                running: Vec::new(),
                 needs: vec![0; n],
                 started: 0,
                 next_waiters: 0,
