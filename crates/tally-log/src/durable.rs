@@ -121,16 +121,20 @@ impl Log {
                 return Ok(());
             }
             // This call's own dependencies on a claimed stream: after that round (it ends
-            // with a wake-up of every waiter).
-            let mut mine = vec![0u64; self.streams.len()];
-            for w in wants {
-                let s = usize::from(w.stream);
-                mine[s] = mine[s].max(w.seq);
-            }
-            self.close_needs(&mut mine);
-            if self.meets_a_claim(&f, &mine) {
-                let _f = self.flush_cv.wait(f).unwrap_or_else(std::sync::PoisonError::into_inner);
-                continue;
+            // with a wake-up of every waiter). Nothing is claimed while no round runs: no
+            // closure to compute then.
+            if !f.running.is_empty() {
+                let mut mine = vec![0u64; self.streams.len()];
+                for w in wants {
+                    let s = usize::from(w.stream);
+                    mine[s] = mine[s].max(w.seq);
+                }
+                self.close_needs(&mut mine);
+                if self.meets_a_claim(&f, &mine) {
+                    let _f =
+                        self.flush_cv.wait(f).unwrap_or_else(std::sync::PoisonError::into_inner);
+                    continue;
+                }
             }
             f.gathering = true;
             let mut f = self.gather(f);
