@@ -826,6 +826,7 @@ impl Fs {
     /// # Errors
     /// I/O errors (the file system is then read-only).
     pub fn maintain(&self) -> Result<MaintainReport> {
+        self.submit_deferred();
         let mut report =
             MaintainReport { synced: self.make_durable()?, ..MaintainReport::default() };
         let seg = u64::from(self.segment_blocks);

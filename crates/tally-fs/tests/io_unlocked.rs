@@ -4,7 +4,10 @@
 //! fsck reads data blocks against a copy of the block maps; the write-out of data held in
 //! memory past the cache limit follows the commit, and its failure is not the operation's.
 //!
-//! The device here can hold one read (of an armed block) until released, and fail flushes.
+//! A commit's device submission happens with the lock given up too: while one is held at the
+//! device, operations on other files go on.
+//!
+//! The device here can hold one read, or one submission, until released, and fail flushes.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -23,7 +26,9 @@ const PROMPT: Duration = Duration::from_secs(5);
 struct Gate {
     inner: MemDevice,
     armed: AtomicBool,
-    /// (a read is waiting, released)
+    /// The next submission waits, as an armed read does.
+    armed_submit: AtomicBool,
+    /// (a read or submission is waiting, released)
     state: Mutex<(bool, bool)>,
     cv: Condvar,
     fail_flush: AtomicBool,
@@ -35,6 +40,7 @@ impl Gate {
         Arc::new(Gate {
             inner: MemDevice::new(BS as u32, blocks).unwrap(),
             armed: AtomicBool::new(false),
+            armed_submit: AtomicBool::new(false),
             state: Mutex::new((false, false)),
             cv: Condvar::new(),
             fail_flush: AtomicBool::new(false),
@@ -47,11 +53,26 @@ impl Gate {
         self.armed.store(true, Ordering::SeqCst);
     }
 
+    fn arm_submit(&self) {
+        *self.state.lock().unwrap() = (false, false);
+        self.armed_submit.store(true, Ordering::SeqCst);
+    }
+
     /// Wait until an armed read is held.
     fn held(&self) {
         let g = self.state.lock().unwrap();
         let (g, t) = self.cv.wait_timeout_while(g, PROMPT, |s| !s.0).unwrap();
         assert!(!t.timed_out() && g.0, "no read reached the device");
+    }
+
+    /// Say an armed call is waiting, and wait until released.
+    fn hold(&self) {
+        let mut g = self.state.lock().unwrap();
+        g.0 = true;
+        self.cv.notify_all();
+        while !g.1 {
+            g = self.cv.wait(g).unwrap();
+        }
     }
 
     fn release(&self) {
@@ -66,12 +87,7 @@ impl Device for Gate {
     }
     fn read(&self, block: u64, buf: &mut [u8]) -> tally_media::Result<()> {
         if self.armed.swap(false, Ordering::SeqCst) {
-            let mut g = self.state.lock().unwrap();
-            g.0 = true;
-            self.cv.notify_all();
-            while !g.1 {
-                g = self.cv.wait(g).unwrap();
-            }
+            self.hold();
         }
         self.inner.read(block, buf)
     }
@@ -80,6 +96,9 @@ impl Device for Gate {
         writes: Vec<Write>,
         flags: tally_media::WriteFlags,
     ) -> tally_media::Result<Ticket> {
+        if self.armed_submit.swap(false, Ordering::SeqCst) {
+            self.hold();
+        }
         self.inner.submit(writes, flags)
     }
     fn wait(&self, ticket: Ticket) -> tally_media::Result<()> {
@@ -114,7 +133,7 @@ fn promptly<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'stati
         let _ = tx.send(f());
     });
     rx.recv_timeout(PROMPT)
-        .unwrap_or_else(|_| panic!("{what} waited for a device read held under the state lock"))
+        .unwrap_or_else(|_| panic!("{what} waited for a device call held under the state lock"))
 }
 
 /// A file with one durable block (its bytes no longer in memory, so a partial write must
@@ -150,6 +169,37 @@ fn a_partial_write_reads_its_block_without_holding_others_up() {
     let mut want = vec![1u8; BS];
     want[10..17].copy_from_slice(b"partial");
     assert_eq!(fs.read(f, 0, BS).unwrap(), want);
+    assert!(fs.fsck().is_clean(), "{:?}", fs.fsck().problems);
+}
+
+/// A write's commit is placed under the state lock and submitted to the device after it is
+/// given up (`Log::commit_deferred`, `Fs::submit_deferred`): while that submission is held
+/// at the device, operations on this file and others go on. Before, the submission happened
+/// inside the commit, under the lock, and every one of them waited for it.
+#[test]
+fn a_commits_submission_holds_no_one_up() {
+    let gate = Gate::new(8192);
+    let fs = mount(&gate);
+    let f = fs.create(None, ROOT, b"f", 0o644, ME).unwrap().ino;
+    let g = fs.create(None, ROOT, b"g", 0o644, ME).unwrap().ino;
+    gate.arm_submit();
+    let writer = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.write(None, f, 0, &[1; BS]).unwrap())
+    };
+    gate.held();
+    let fs2 = fs.clone();
+    promptly("getattr", move || fs2.getattr(f).unwrap());
+    let fs2 = fs.clone();
+    promptly("a write to another file", move || fs2.write(None, g, 0, &[2; BS]).unwrap());
+    let fs2 = fs.clone();
+    promptly("a create", move || fs2.create(None, ROOT, b"h", 0o644, ME).unwrap());
+    gate.release();
+    assert_eq!(writer.join().unwrap(), BS);
+    fs.fsync(f).unwrap();
+    fs.fsync(g).unwrap();
+    assert_eq!(fs.read(f, 0, BS).unwrap(), vec![1u8; BS]);
+    assert_eq!(fs.read(g, 0, BS).unwrap(), vec![2u8; BS]);
     assert!(fs.fsck().is_clean(), "{:?}", fs.fsck().problems);
 }
 

@@ -65,6 +65,54 @@ impl Log {
         self.commit_with(tx, CommitMode::Ordered)
     }
 
+    /// [`Log::commit`], leaving the write-out it makes due (its stream's, or every stream's
+    /// past the write-behind's memory bound) to a later [`Log::submit_deferred`]: a caller
+    /// that commits under a lock of its own (the file system's state lock) submits after
+    /// letting go of it, so no device submission — a system call, and on a loop device the
+    /// write's own work — happens under that lock (issue 16). Until then the transaction waits
+    /// in its stream's buffer as a write-behind one does: a durable wait on it, a later
+    /// write-out of its stream or anyone's `submit_deferred` takes it along, and a crash loses
+    /// it as it loses any commit not yet durable.
+    ///
+    /// # Errors
+    /// See [`Log::commit_with`].
+    pub fn commit_deferred(&self, tx: Transaction) -> Result<CommitInfo> {
+        self.commit_inner(tx, CommitMode::Ordered, true)
+    }
+
+    /// Start the write-outs that [`Log::commit_deferred`] left (every caller's: cheap when
+    /// there are none).
+    ///
+    /// # Errors
+    /// I/O errors (the log is then failed).
+    pub fn submit_deferred(&self) -> Result<()> {
+        if !self.deferred_any.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let streams = {
+            let mut d = lock(&self.deferred);
+            self.deferred_any.store(false, Ordering::Release);
+            std::mem::take(&mut *d)
+        };
+        if streams.contains(&usize::MAX) {
+            return self.writer.write_out_all();
+        }
+        for s in streams {
+            self.writer.drive(s, u64::MAX)?;
+        }
+        Ok(())
+    }
+
+    /// Note that stream `s`'s write-out (`usize::MAX`: every stream's) is due, for
+    /// [`Log::submit_deferred`].
+    fn defer_write_out(&self, s: usize) {
+        let mut d = lock(&self.deferred);
+        if !d.contains(&s) {
+            d.push(s);
+        }
+        self.deferred_any.store(true, Ordering::Release);
+    }
+
     /// Commit `tx` and return once it and everything it depends on are durable.
     ///
     /// # Errors
@@ -79,7 +127,18 @@ impl Log {
     /// [`LogError::Failed`] after an earlier I/O error, [`LogError::NoSpace`],
     /// [`LogError::TooLarge`], [`LogError::Invalid`] for a bad stream or data block, and I/O
     /// errors (after which the log is failed).
-    pub fn commit_with(&self, mut tx: Transaction, mode: CommitMode) -> Result<CommitInfo> {
+    pub fn commit_with(&self, tx: Transaction, mode: CommitMode) -> Result<CommitInfo> {
+        self.commit_inner(tx, mode, false)
+    }
+
+    /// [`Log::commit_with`]; with `defer`, a write-out the commit makes due is left to
+    /// [`Log::submit_deferred`].
+    fn commit_inner(
+        &self,
+        mut tx: Transaction,
+        mode: CommitMode,
+        defer: bool,
+    ) -> Result<CommitInfo> {
         self.check_failed()?;
         self.check_commit(&tx, mode)?;
         let s = usize::from(tx.stream);
@@ -128,6 +187,8 @@ impl Log {
             // A durable or classic commit is written out by its flush round.
             _ if self.options.write_behind.is_some() && mode != CommitMode::Ordered => {}
             Due::Nothing => {}
+            Due::Stream if defer => self.defer_write_out(s),
+            Due::Every if defer => self.defer_write_out(usize::MAX),
             Due::Stream => self.writer.drive(s, u64::MAX)?,
             Due::Every => self.writer.write_out_all()?,
         }

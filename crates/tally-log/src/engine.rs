@@ -131,6 +131,10 @@ pub struct Log {
     pub(crate) checkpoint_snapshot: Mutex<Vec<u32>>,
     /// Writes out the streams' buffers; shared with the flusher thread.
     pub(crate) writer: Arc<Writer>,
+    /// Streams whose write-out a [`Log::commit_deferred`] left to [`Log::submit_deferred`]
+    /// (`usize::MAX`: every stream), and whether there are any.
+    pub(crate) deferred: Mutex<Vec<usize>>,
+    pub(crate) deferred_any: std::sync::atomic::AtomicBool,
     /// Writes out buffers older than the commit interval; stopped when the log is dropped.
     _flusher: Option<Flusher>,
 }
@@ -270,6 +274,8 @@ impl Log {
             placed_blocks: AtomicU64::new(0),
             checkpoint_snapshot: Mutex::new(Vec::new()),
             writer,
+            deferred: Mutex::new(Vec::new()),
+            deferred_any: std::sync::atomic::AtomicBool::new(false),
             _flusher: flusher,
         }
     }

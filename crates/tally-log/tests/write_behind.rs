@@ -211,3 +211,44 @@ fn without_write_behind_each_ordered_commit_is_submitted_at_once() {
     assert_eq!(dev.stats().submissions, before + 5);
     assert_eq!(log.stats().buffered_bytes, 0);
 }
+
+/// `commit_deferred` places a commit and leaves the write-out it makes due to
+/// `submit_deferred` (the file system submits once its state lock is given up): nothing is
+/// submitted before, the due streams are after, and a durable wait on a deferred commit
+/// writes it out itself.
+#[test]
+fn a_deferred_commit_is_submitted_by_submit_deferred_or_its_durable_wait() {
+    // Without write-behind every commit makes its stream's write-out due.
+    let dev = fresh(2);
+    let (log, _) = open(&dev, OpenOptions::default());
+    let before = dev.stats().submissions;
+    log.commit_deferred(tx(0, "a0")).unwrap();
+    log.commit_deferred(tx(0, "a1")).unwrap();
+    log.commit_deferred(tx(1, "b0")).unwrap();
+    assert_eq!(dev.stats().submissions, before, "a deferred commit was submitted");
+    assert_eq!(log.stats().buffered_bytes, 3 * u64::from(BS));
+    log.submit_deferred().unwrap();
+    assert_eq!(dev.stats().submissions, before + 2, "one write-out per due stream");
+    assert_eq!(log.stats().buffered_bytes, 0);
+    log.submit_deferred().unwrap();
+    assert_eq!(dev.stats().submissions, before + 2, "nothing left to submit");
+    let t = log.commit_deferred(tx(1, "b1")).unwrap();
+    log.wait_durable(t.ticket).unwrap();
+    assert_eq!(log.stats().buffered_bytes, 0);
+    drop(log);
+    let (_, r) = open(&dev, OpenOptions::default());
+    assert_eq!(tags(&r, 0), ["a0", "a1"]);
+    assert_eq!(tags(&r, 1), ["b0", "b1"]);
+
+    // With write-behind, only a stream past its threshold is due.
+    let dev = fresh(2);
+    let (log, _) = open(&dev, behind(2 * u64::from(BS), 1 << 30));
+    let before = dev.stats().submissions;
+    log.commit_deferred(tx(0, "a0")).unwrap();
+    log.submit_deferred().unwrap();
+    assert_eq!(dev.stats().submissions, before, "below the threshold nothing is due");
+    log.commit_deferred(tx(0, "a1")).unwrap();
+    assert_eq!(dev.stats().submissions, before);
+    log.submit_deferred().unwrap();
+    assert_eq!(dev.stats().submissions, before + 1, "the threshold's write-out");
+}

@@ -179,7 +179,8 @@ impl Fs {
     /// [`Fs::log_commit`] for a part of a large transaction (`fs/large.rs`): not something
     /// a maintenance round flushes for, since nothing of it survives before its close.
     pub(crate) fn log_commit_part(&self, st: &mut State, tx: Transaction) -> Result<CommitInfo> {
-        self.log.commit(tx).map_err(|e| {
+        // Submitted once the state lock is given up (`Fs::submit_deferred`).
+        self.log.commit_deferred(tx).map_err(|e| {
             let e = FsError::from(e);
             if let Some(first) = e.stops_writes() {
                 st.failed = Some(first);

@@ -694,8 +694,10 @@ impl Fs {
                             if let Some(t) = st.txns.open.get_mut(&id) {
                                 t.unstreamed = t.unstreamed.saturating_add(blocks);
                             }
-                            if due && self.stream_txn_data(&mut st, id)? {
-                                drop(st);
+                            let streamed = due && self.stream_txn_data(&mut st, id)?;
+                            drop(st);
+                            self.submit_deferred();
+                            if streamed {
                                 self.drop_written_cache();
                             }
                         }
@@ -703,6 +705,7 @@ impl Fs {
                             self.commit_op(&mut st, cx, stream)?;
                             let over = st.cached_bytes > CACHE_LIMIT;
                             drop(st);
+                            self.submit_deferred();
                             self.checkpoint_after_op();
                             if over {
                                 self.write_out_cache();
@@ -899,6 +902,17 @@ impl Fs {
         match self.policy {
             StreamPolicy::PerFile => (ino % n) as u16,
             StreamPolicy::PerThread => (thread_slot() % n) as u16,
+        }
+    }
+
+    /// Submit the log's write-outs that commits under the state lock left for later
+    /// ([`tally_log::Log::commit_deferred`]): called with the lock given up, so no device
+    /// submission happens under it. Never an error of the calling operation, which is
+    /// committed: a failed submission fails the log (fail-stop), and the next operation or
+    /// durable wait says so.
+    pub(crate) fn submit_deferred(&self) {
+        if let Err(e) = self.log.submit_deferred() {
+            let _ = self.fail(e);
         }
     }
 

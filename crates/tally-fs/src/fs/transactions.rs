@@ -197,6 +197,7 @@ impl Fs {
             wants
         });
         drop(st);
+        self.submit_deferred();
         self.cv.notify_all();
         wants
     }
