@@ -178,7 +178,7 @@ pub(crate) fn encoded_len(st: &State) -> u64 {
 pub(crate) fn growth_bound(st: &State, key: &Key) -> u64 {
     let own = match key {
         Key::Fs => 0,
-        Key::Inode(ino) => st.inodes.get(ino).map_or(0, inode_len) + 12 + 16,
+        Key::Inode(ino) => st.inodes.get(ino).map_or(0, |i| inode_len(i)) + 12 + 16,
         Key::Block(..) => BLOCK_LEN,
         Key::Dentry(_, name) => dentry_len(name),
         Key::Xattr(ino, name) => {
@@ -325,7 +325,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<State> {
             xattrs.insert(name, Xattr { value, ver });
         }
         inode.xattrs = xattrs;
-        if st.inodes.insert(attr.ino, inode).is_some() {
+        if st.inodes.insert(attr.ino, Box::new(inode)).is_some() {
             return Err(bad("an inode twice"));
         }
     }
@@ -383,8 +383,8 @@ mod tests {
             Block { ver: 5, crc: 9, addr: 100, tx: Some(TxId { stream: 1, seq: 2 }), data: None },
         );
         f.xattrs.insert(b"user.x".to_vec(), Xattr { value: vec![1, 2], ver: 6 });
-        st.inodes.insert(ROOT, root);
-        st.inodes.insert(7, f);
+        st.inodes.insert(ROOT, Box::new(root));
+        st.inodes.insert(7, Box::new(f));
         st.key_count.insert(Key::Dentry(ROOT, b"g".to_vec()), 2);
         st.ino_count.insert(7, 3);
         st.tombs.insert(Key::Dentry(ROOT, b"g".to_vec()), 8);
@@ -423,7 +423,7 @@ mod tests {
             }
             let value = vec![7u8; (i * 13) as usize];
             inode.xattrs.insert(format!("user.a{i}").into_bytes(), Xattr { value, ver: i });
-            st.inodes.insert(ino, inode);
+            st.inodes.insert(ino, Box::new(inode));
             st.key_count.insert(Key::Block(ino, i), 1);
             st.key_count.insert(Key::Xattr(ino, vec![b'q'; (i % 255) as usize]), 2);
             st.ino_count.insert(ino, 1);
@@ -525,7 +525,7 @@ mod tests {
             Inode::new(fresh_attr(9000, FileKind::Symlink, 0, 0, 0, t), vec![b't'; 4000], ROOT);
         inode.xattrs.insert(b"user.big".to_vec(), Xattr { value: vec![1; 60_000], ver: 1 });
         inode.blocks.insert(5, Block { ver: 1, crc: 1, addr: 1, tx: None, data: None });
-        st.inodes.insert(9000, inode);
+        st.inodes.insert(9000, Box::new(inode));
         if let Some(d) = st.inodes.get_mut(&ROOT).and_then(|r| r.dir.as_mut()) {
             d.insert(
                 name.clone(),

@@ -149,7 +149,7 @@ impl Undo {
                 st.inodes.remove(&ino);
             }
             Undo::Freed(ino, inode) => {
-                st.inodes.insert(ino, *inode);
+                st.inodes.insert(ino, inode);
             }
             Undo::Block(ino, b, old) => {
                 if let Some(i) = st.inodes.get_mut(&ino) {
@@ -419,7 +419,7 @@ impl Cx {
     pub fn free(&mut self, st: &mut State, ino: Ino) -> OpResult<()> {
         self.inode(st, ino)?;
         if let Some(i) = st.inodes.remove(&ino) {
-            self.undo.push(Undo::Freed(ino, Box::new(i)));
+            self.undo.push(Undo::Freed(ino, i));
         }
         Ok(())
     }

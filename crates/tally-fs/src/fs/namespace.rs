@@ -71,7 +71,7 @@ impl Fs {
             if kind == FileKind::Symlink {
                 attr.size = target.len() as u64;
             }
-            st.inodes.insert(ino, Inode::new(attr, target.to_vec(), parent));
+            st.inodes.insert(ino, Box::new(Inode::new(attr, target.to_vec(), parent)));
             let dir = st.dir_mut(parent)?;
             let cookie = dir.next_cookie;
             dir.insert(name.to_vec(), Dentry { ino, kind, cookie, ver: 0 });
