@@ -33,7 +33,7 @@ use crate::engine::{lock, Placed, Stream};
 use crate::error::corrupted;
 use crate::format::codec::widen;
 use crate::format::crc_seeded;
-use crate::format::snapshot::{decode_blob, encode_blob, PlacedTx, SnapshotHeader, StreamState};
+use crate::format::snapshot::{blob_prefix, decode_blob, PlacedTx, SnapshotHeader, StreamState};
 use crate::format::superblock::{StreamRoot, Superblock};
 use crate::space::{Claims, Owner};
 use crate::{Log, LogError, Result};
@@ -110,14 +110,19 @@ impl Log {
             tracing::debug!("a commit came during the checkpoint snapshot; not written");
             return Ok(None);
         };
-        let blob = encode_blob(&states, payload);
+        // The blob is the prefix and then the payload, written from where they are: the
+        // payload (the file system's whole state: 20 MB for 100,000 files) is copied once,
+        // into the writes' buffers. It was copied four times into fresh memory, whose page
+        // faults cost more than the copies (the state lock is held meanwhile).
+        let prefix = blob_prefix(&states);
+        let blob_len = prefix.len().saturating_add(payload.len());
         let bs = u64::from(self.block_size);
         let seg_blocks = u64::from(self.segment_blocks);
         // The header block, then the blob.
-        let blocks = widen(blob.len()).div_ceil(bs).saturating_add(1);
+        let blocks = widen(blob_len).div_ceil(bs).saturating_add(1);
         let count = blocks.div_ceil(seg_blocks);
         if count > widen(SnapshotHeader::segment_count_max(self.block_size)) {
-            tracing::warn!(bytes = blob.len(), "snapshot too large");
+            tracing::warn!(bytes = blob_len, "snapshot too large");
             return Ok(None);
         }
         let mut segments = Vec::new();
@@ -143,21 +148,27 @@ impl Log {
         };
         let header = SnapshotHeader {
             sb_generation,
-            payload_len: widen(blob.len()),
-            payload_crc: crc_seeded(&self.uuid, &[&blob]),
+            payload_len: widen(blob_len),
+            payload_crc: crc_seeded(&self.uuid, &[&prefix, payload]),
             segments,
         };
         // Header, then the blob, block after block through the listed segments.
-        let mut bytes = header.encode(&self.uuid, self.block_size);
-        bytes.extend_from_slice(&blob);
-        let total = blocks.checked_mul(bs).and_then(|n| usize::try_from(n).ok());
-        bytes.resize(total.unwrap_or(bytes.len()), 0);
+        let head = header.encode(&self.uuid, self.block_size);
+        let parts: [&[u8]; 3] = [&head, &prefix, payload];
+        let total = parts.iter().map(|p| p.len()).sum::<usize>().next_multiple_of(bs as usize);
         let segment_bytes = usize::try_from(seg_blocks.saturating_mul(bs)).unwrap_or(usize::MAX);
-        let writes = bytes
-            .chunks(segment_bytes)
-            .zip(&header.segments)
-            .map(|(chunk, &s)| Write::new(self.segment_start(s), IoBuf::from_slice(chunk)))
-            .collect();
+        let mut writes = Vec::new();
+        for (i, &s) in header.segments.iter().enumerate() {
+            let from = i.saturating_mul(segment_bytes);
+            let to = from.saturating_add(segment_bytes).min(total);
+            let mut at = from;
+            while at < to {
+                let end = at.saturating_add(SNAPSHOT_WRITE_BYTES).min(to);
+                let block = self.segment_start(s) + widen(at - from) / bs;
+                writes.push(Write::new(block, gather_window(&parts, at, end)));
+                at = end;
+            }
+        }
         self.dev.write_sync(writes, WriteFlags::NONE).map_err(|e| self.fail(e))?;
         // The snapshot durable before the superblock that points at it.
         self.dev.flush().map_err(|e| self.fail(e))?;
@@ -201,6 +212,26 @@ impl Log {
             })
             .collect()
     }
+}
+
+/// Bytes per write of a snapshot: a size the I/O buffer pool keeps
+/// ([`tally_media::IoBuf`]), so a checkpoint's buffers are mostly the last one's, not fresh
+/// pages. A multiple of every block size.
+const SNAPSHOT_WRITE_BYTES: usize = 1 << 20;
+
+/// Bytes `[from, to)` of `parts` laid end to end (zeros past their end) in an I/O buffer.
+fn gather_window(parts: &[&[u8]], from: usize, to: usize) -> IoBuf {
+    let mut pieces: Vec<(usize, &[u8])> = Vec::new();
+    let mut start = 0usize;
+    for part in parts {
+        let end = start.saturating_add(part.len());
+        let (a, b) = (start.max(from), end.min(to));
+        if a < b {
+            pieces.push((a - from, &part[a - start..b - start]));
+        }
+        start = end;
+    }
+    IoBuf::gather(to - from, &pieces)
 }
 
 /// A stream restored from a snapshot.

@@ -274,6 +274,16 @@ impl Appender {
         Appender { bytes: Vec::with_capacity(capacity) }
     }
 
+    /// An empty buffer in `bytes`'s allocation (its contents dropped), with room for at
+    /// least `capacity` bytes: a caller encoding something large again and again keeps its
+    /// memory mapped between encodings.
+    #[must_use]
+    pub fn reusing(mut bytes: Vec<u8>, capacity: usize) -> Self {
+        bytes.clear();
+        bytes.reserve(capacity);
+        Appender { bytes }
+    }
+
     /// Bytes appended so far.
     #[must_use]
     pub fn len(&self) -> usize {

@@ -426,9 +426,11 @@ impl Fs {
         // failed at a checkpoint due after an operation).
         self.log.sync().map_err(|e| Self::fail_locked(st, e))?;
         self.prune_cache(st);
-        let payload = crate::snapshot::encode(st);
-        let written =
-            self.log.checkpoint_snapshot(&payload).map_err(|e| Self::fail_locked(st, e))?;
+        let buf = std::mem::take(&mut st.snapshot_buf);
+        let payload = crate::snapshot::encode_into(st, buf);
+        let written = self.log.checkpoint_snapshot(&payload);
+        st.snapshot_buf = payload;
+        let written = written.map_err(|e| Self::fail_locked(st, e))?;
         if written {
             st.checkpoint_ver = Some(st.next_ver);
         }

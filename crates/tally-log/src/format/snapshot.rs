@@ -224,6 +224,15 @@ pub struct StreamState {
 /// Encode the blob: `u64 state_len`, the streams' state, then `payload`.
 #[must_use]
 pub fn encode_blob(streams: &[StreamState], payload: &[u8]) -> Vec<u8> {
+    let mut blob = blob_prefix(streams);
+    blob.extend_from_slice(payload);
+    blob
+}
+
+/// The blob up to its payload: `u64 state_len` and the streams' state (the payload follows;
+/// a snapshot's writer puts the two side by side rather than copying the payload after it).
+#[must_use]
+pub fn blob_prefix(streams: &[StreamState]) -> Vec<u8> {
     let mut state = Appender::default();
     for st in streams {
         state.u64(st.last_seq);
@@ -245,12 +254,10 @@ pub fn encode_blob(streams: &[StreamState], payload: &[u8]) -> Vec<u8> {
         }
     }
     let state = state.into_vec();
-    let mut blob =
-        Appender::with_capacity(state.len().saturating_add(payload.len()).saturating_add(8));
-    blob.len_u64(state.len());
-    blob.put(&state);
-    blob.put(payload);
-    blob.into_vec()
+    let mut prefix = Appender::with_capacity(state.len().saturating_add(8));
+    prefix.len_u64(state.len());
+    prefix.put(&state);
+    prefix.into_vec()
 }
 
 /// Decode a blob holding `stream_count` streams' state; the payload is what follows it.
