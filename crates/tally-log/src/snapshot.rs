@@ -155,7 +155,8 @@ impl Log {
         // Header, then the blob, block after block through the listed segments.
         let head = header.encode(&self.uuid, self.block_size);
         let parts: [&[u8]; 3] = [&head, &prefix, payload];
-        let total = parts.iter().map(|p| p.len()).sum::<usize>().next_multiple_of(bs as usize);
+        let bs_bytes = self.block_size as usize;
+        let total = parts.iter().map(|p| p.len()).sum::<usize>().next_multiple_of(bs_bytes);
         let segment_bytes = usize::try_from(seg_blocks.saturating_mul(bs)).unwrap_or(usize::MAX);
         let mut writes = Vec::new();
         for (i, &s) in header.segments.iter().enumerate() {
@@ -164,7 +165,9 @@ impl Log {
             let mut at = from;
             while at < to {
                 let end = at.saturating_add(SNAPSHOT_WRITE_BYTES).min(to);
-                let block = self.segment_start(s) + widen(at - from) / bs;
+                let block = self
+                    .segment_start(s)
+                    .saturating_add(widen(at.saturating_sub(from)).checked_div(bs).unwrap_or(0));
                 writes.push(Write::new(block, gather_window(&parts, at, end)));
                 at = end;
             }
@@ -226,12 +229,15 @@ fn gather_window(parts: &[&[u8]], from: usize, to: usize) -> IoBuf {
     for part in parts {
         let end = start.saturating_add(part.len());
         let (a, b) = (start.max(from), end.min(to));
-        if a < b {
-            pieces.push((a - from, &part[a - start..b - start]));
+        // `start <= a < b <= end`: the piece lies inside `part`.
+        if let Some(piece) = part.get(a.saturating_sub(start)..b.saturating_sub(start)) {
+            if !piece.is_empty() {
+                pieces.push((a.saturating_sub(from), piece));
+            }
         }
         start = end;
     }
-    IoBuf::gather(to - from, &pieces)
+    IoBuf::gather(to.saturating_sub(from), &pieces)
 }
 
 /// A stream restored from a snapshot.
