@@ -30,6 +30,20 @@ pub(crate) fn dying_blocks(st: &State, undo: &[crate::txn::Undo]) -> u64 {
     undo.iter().map(|u| u.dying_blocks(st)).sum()
 }
 
+/// When a commit's write-out is submitted to the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Submit {
+    /// Inside the commit, under the state lock (`Log::commit`): a write that fails at its
+    /// submission fails the commit, and the caller undoes what it changed. Explicit
+    /// transactions commit so: a transaction whose commit returns an error changed nothing a
+    /// reader can see (tally-sqlite's `attach_fail`).
+    Now,
+    /// Once the state lock is given up (`Log::commit_deferred`, `Fs::submit_deferred`): a
+    /// plain operation's. A write failing then fails the file system (fail-stop) but not the
+    /// operation, which is committed in memory, as with write-behind.
+    Deferred,
+}
+
 impl Fs {
     /// Commit one operation outside any explicit transaction.
     pub(crate) fn commit_op(&self, st: &mut State, mut cx: Cx, stream: u16) -> Result<()> {
@@ -40,7 +54,7 @@ impl Fs {
             // Mutant: part of the operation committed as a transaction of its own.
             let first: BTreeSet<Key> = std::mem::take(&mut cx.split);
             let rest: BTreeSet<Key> = cx.touched.difference(&first).cloned().collect();
-            match self.persist(st, &first, &overrides, ver, stream, &deps) {
+            match self.persist(st, &first, &overrides, ver, stream, &deps, Submit::Deferred) {
                 Ok(t) => {
                     if let Some(t) = t {
                         self.names_changed(st, &first, t);
@@ -53,13 +67,13 @@ impl Fs {
             }
             deps.clear();
             let ver2 = st.next_ver();
-            let t = self.persist(st, &rest, &overrides, ver2, stream, &deps)?;
+            let t = self.persist(st, &rest, &overrides, ver2, stream, &deps, Submit::Deferred)?;
             if let Some(t) = t {
                 self.names_changed(st, &rest, t);
             }
             return Ok(());
         }
-        match self.persist(st, &cx.touched, &overrides, ver, stream, &deps) {
+        match self.persist(st, &cx.touched, &overrides, ver, stream, &deps, Submit::Deferred) {
             Ok(t) => {
                 if let Some(t) = t {
                     self.names_changed(st, &cx.touched, t);
@@ -143,6 +157,7 @@ impl Fs {
 
     /// Write the current state of `keys` as one log transaction with version `ver`; update the
     /// bookkeeping. Returns the transaction's id (`None` if there was nothing to write).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn persist(
         &self,
         st: &mut State,
@@ -151,11 +166,12 @@ impl Fs {
         ver: u64,
         stream: u16,
         deps: &[TxId],
+        submit: Submit,
     ) -> Result<Option<TxId>> {
         let Some(built) = Self::build(st, keys.iter(), overrides, ver, stream, deps) else {
             return Ok(None);
         };
-        let info = self.log_commit(st, built.tx)?;
+        let info = self.log_commit(st, built.tx, submit)?;
         self.bookkeep(st, built.written, info, ver);
         for key in keys {
             if let Some(i) = st.inodes.get_mut(&key.owner()) {
@@ -168,8 +184,13 @@ impl Fs {
     }
 
     /// Commit `tx` ordered; an I/O failure makes the file system read-only.
-    pub(crate) fn log_commit(&self, st: &mut State, tx: Transaction) -> Result<CommitInfo> {
-        let info = self.log_commit_part(st, tx)?;
+    pub(crate) fn log_commit(
+        &self,
+        st: &mut State,
+        tx: Transaction,
+        submit: Submit,
+    ) -> Result<CommitInfo> {
+        let info = self.log_commit_part(st, tx, submit)?;
         if let Some(last) = self.whole_committed.get(usize::from(info.ticket.stream)) {
             last.fetch_max(info.ticket.seq, std::sync::atomic::Ordering::Relaxed);
         }
@@ -178,9 +199,17 @@ impl Fs {
 
     /// [`Fs::log_commit`] for a part of a large transaction (`fs/large.rs`): not something
     /// a maintenance round flushes for, since nothing of it survives before its close.
-    pub(crate) fn log_commit_part(&self, st: &mut State, tx: Transaction) -> Result<CommitInfo> {
-        // Submitted once the state lock is given up (`Fs::submit_deferred`).
-        self.log.commit_deferred(tx).map_err(|e| {
+    pub(crate) fn log_commit_part(
+        &self,
+        st: &mut State,
+        tx: Transaction,
+        submit: Submit,
+    ) -> Result<CommitInfo> {
+        let committed = match submit {
+            Submit::Now => self.log.commit(tx),
+            Submit::Deferred => self.log.commit_deferred(tx),
+        };
+        committed.map_err(|e| {
             let e = FsError::from(e);
             if let Some(first) = e.stops_writes() {
                 st.failed = Some(first);

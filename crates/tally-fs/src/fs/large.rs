@@ -29,6 +29,7 @@ use crate::txn::{TxnId, TxnState};
 use crate::types::{Attr, Ino};
 use crate::{FsError, Result};
 
+use super::commit::Submit;
 use super::{lock, Fs, CACHE_LIMIT};
 
 /// Data blocks per part at most (1 MiB of 4 KiB blocks): large enough that a part's units are
@@ -98,7 +99,7 @@ impl Fs {
             };
             let mut tx = built.tx;
             tx.run_part(run);
-            let info = match self.log_commit_part(st, tx) {
+            let info = match self.log_commit_part(st, tx, Submit::Now) {
                 Ok(info) => info,
                 Err(FsError::NoSpace) => break,
                 Err(e) => return Err(e),
@@ -145,7 +146,7 @@ impl Fs {
     ) -> Result<Option<TxId>> {
         let pieces = self.pieces(st, &t.touched, overrides);
         if t.run.is_none() && pieces.len() <= 1 {
-            return self.persist(st, &t.touched, overrides, ver, stream, deps);
+            return self.persist(st, &t.touched, overrides, ver, stream, deps, Submit::Now);
         }
         // Room for every piece before anything is written (each may leave a segment's end).
         let planned: u64 = pieces.iter().map(|p| p.1).sum();
@@ -171,8 +172,11 @@ impl Fs {
                 (true, Some(r)) => tx.run_close(r),
                 (_, r) => tx.run_part(r),
             };
-            let info =
-                if i == last { self.log_commit(st, tx)? } else { self.log_commit_part(st, tx)? };
+            let info = if i == last {
+                self.log_commit(st, tx, Submit::Now)?
+            } else {
+                self.log_commit_part(st, tx, Submit::Now)?
+            };
             run.get_or_insert(info.ticket.seq);
             committed.push((written, info));
         }

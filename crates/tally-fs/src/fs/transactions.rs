@@ -197,7 +197,6 @@ impl Fs {
             wants
         });
         drop(st);
-        self.submit_deferred();
         self.cv.notify_all();
         wants
     }
