@@ -696,10 +696,10 @@ impl Fs {
                             if let Some(t) = st.txns.open.get_mut(&id) {
                                 t.unstreamed = t.unstreamed.saturating_add(blocks);
                             }
-                            let streamed = due && self.stream_txn_data(&mut st, id)?;
-                            drop(st);
-                            self.submit_deferred();
-                            if streamed {
+                            // Explicit transactions' commits and parts submit at once
+                            // (`commit::Submit::Now`): nothing deferred to submit here.
+                            if due && self.stream_txn_data(&mut st, id)? {
+                                drop(st);
                                 self.drop_written_cache();
                             }
                         }
