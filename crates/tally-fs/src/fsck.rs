@@ -91,8 +91,9 @@ impl Fs {
     /// Verify the file system: every data block's crc (read from the device unless still
     /// cached), link counts against the entries naming each inode, directory entries against
     /// their inodes, parents, reachability from the root, sizes against blocks, symlink sizes,
-    /// that no two blocks share a device block, and that every block lies in a segment some
-    /// stream's log holds.
+    /// that no two blocks share a device block, that every block lies in a segment some
+    /// stream's log holds, and that the live data blocks per segment kept for cleaning are
+    /// those of the block maps.
     #[must_use]
     pub fn fsck(&self) -> FsckReport {
         self.fsck_with_progress(&mut |_, _| {})
@@ -244,6 +245,23 @@ impl Fs {
                 r.problems.push(format!("inode {ino} is not reachable from the root"));
             }
         }
+        // The per-segment counts cleaning ranks by, kept as blocks change, against a walk.
+        let walked = self.live_data_by_segment(&st);
+        let kept = st.usage.all();
+        if walked != kept {
+            let mut differ: Vec<u32> = walked.keys().chain(kept.keys()).copied().collect();
+            differ.sort_unstable();
+            differ.dedup();
+            differ.retain(|s| walked.get(s) != kept.get(s));
+            let s = differ.first().copied().unwrap_or(0);
+            r.problems.push(format!(
+                "live data blocks per segment kept for cleaning differ from the block maps in \
+                 {} segments (segment {s}: kept {:?}, the block maps {:?})",
+                differ.len(),
+                kept.get(&s),
+                walked.get(&s)
+            ));
+        }
         drop(st);
         // The data blocks, against the copy of the block maps taken above: read with the
         // state lock dropped, so operations go on while fsck reads the whole image. A block
@@ -344,5 +362,28 @@ mod tests {
         set_addr(1);
         let problems = fs.fsck().problems;
         assert!(problems.iter().any(|p| p.contains("outside the log")), "{problems:?}");
+    }
+
+    /// The kept per-segment counts are checked: a block placed without the count following
+    /// it (the bug the check exists for: a change of the block maps that skips
+    /// `State::usage`) is named.
+    #[test]
+    fn kept_segment_counts_that_drift_from_the_block_maps_are_found() {
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 1024).unwrap());
+        let opts = MkfsOptions { streams: 2, segment_blocks: 64, uuid: None };
+        Fs::mkfs(dev.clone(), &opts).unwrap();
+        let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+        let a = fs.create(None, ROOT, b"f", 0o644, Owner { uid: 0, gid: 0 }).unwrap();
+        fs.write(None, a.ino, 0, &[1u8; 3 * 4096]).unwrap();
+        fs.write(None, a.ino, 4096, &[2u8; 4096]).unwrap();
+        fs.sync().unwrap();
+        assert!(fs.fsck().is_clean(), "{:?}", fs.fsck().problems);
+        {
+            let mut st = lock(&fs.state).unwrap();
+            let block = st.inodes[&a.ino].blocks[&1].clone();
+            st.usage.remove(&block);
+        }
+        let problems = fs.fsck().problems;
+        assert!(problems.iter().any(|p| p.contains("kept for cleaning differ")), "{problems:?}");
     }
 }

@@ -341,6 +341,10 @@ pub(crate) struct State {
     /// The last checkpoint snapshot's encoding, kept for the next one to encode into (its
     /// memory stays mapped: about 200 bytes per file). Not part of the state.
     pub snapshot_buf: Vec<u8>,
+    /// Live data blocks per segment, kept as the block maps change (`live.rs`); derived from
+    /// them, not part of the state. Every change of a committed block (placed, moved, dropped,
+    /// put back by an undo, its inode freed or restored) goes through it.
+    pub usage: crate::live::SegmentUsage,
 }
 
 impl State {

@@ -146,18 +146,22 @@ impl Undo {
                 }
             }
             Undo::Inode(ino, None) => {
-                st.inodes.remove(&ino);
+                if let Some(i) = st.inodes.remove(&ino) {
+                    st.usage.remove_inode(&i);
+                }
             }
             Undo::Freed(ino, inode) => {
-                st.inodes.insert(ino, inode);
+                st.usage.add_inode(&inode);
+                if let Some(i) = st.inodes.insert(ino, inode) {
+                    st.usage.remove_inode(&i);
+                }
             }
             Undo::Block(ino, b, old) => {
-                if let Some(i) = st.inodes.get_mut(&ino) {
-                    match old {
-                        Some(old) => i.blocks.insert(b, old),
-                        None => i.blocks.remove(&b),
-                    };
-                }
+                // Absent (freed later in the same operation, put back above first): nothing.
+                let _ = match old {
+                    Some(old) => st.insert_block(ino, b, old),
+                    None => st.remove_block(ino, b),
+                };
             }
             Undo::Xattr(ino, name, old) => {
                 if let Some(i) = st.inodes.get_mut(&ino) {
@@ -419,6 +423,7 @@ impl Cx {
     pub fn free(&mut self, st: &mut State, ino: Ino) -> OpResult<()> {
         self.inode(st, ino)?;
         if let Some(i) = st.inodes.remove(&ino) {
+            st.usage.remove_inode(&i);
             self.undo.push(Undo::Freed(ino, i));
         }
         Ok(())

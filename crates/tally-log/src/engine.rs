@@ -321,6 +321,13 @@ impl Log {
         self.segment_blocks
     }
 
+    /// The device block segment 0 starts at: segment `s` holds the `segment_blocks` blocks
+    /// from `first_segment_block + s × segment_blocks` ([`Log::segment_of`] the other way).
+    #[must_use]
+    pub fn first_segment_block(&self) -> u64 {
+        self.first_segment_block
+    }
+
     /// Free segments left.
     #[must_use]
     pub fn free_segments(&self) -> u32 {

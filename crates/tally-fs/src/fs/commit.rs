@@ -360,9 +360,11 @@ impl Fs {
                 }
                 Key::Block(ino, b) => {
                     if let (Some(block), Some(idx)) = (inode.blocks.get_mut(b), idx) {
+                        st.usage.remove(block);
                         block.ver = ver;
                         block.addr = info.data_start + u64::from(idx);
                         block.tx = Some(ticket);
+                        st.usage.add(block);
                         st.cached.push(Cached { tx: ticket, ino: *ino, block: *b, ver });
                         st.cached_bytes += self.bs as usize;
                     }

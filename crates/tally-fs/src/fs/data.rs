@@ -168,7 +168,7 @@ impl Fs {
             st.reserved.remove(ino, keep, u64::MAX);
             for b in st.block_keys(ino, keep) {
                 cx.block(st, ino, b);
-                st.inode_mut(ino)?.blocks.remove(&b);
+                st.remove_block(ino, b)?;
             }
             if !size.is_multiple_of(bs) {
                 let b = size / bs;
@@ -187,7 +187,7 @@ impl Fs {
     pub(crate) fn put_block(st: &mut State, ino: Ino, b: u64, bytes: Vec<u8>) -> Result<()> {
         let crc = crc32c::crc32c(&bytes);
         let block = Block { ver: 0, crc, addr: 0, tx: None, data: Some(Arc::new(bytes)) };
-        st.inode_mut(ino)?.blocks.insert(b, block);
+        st.insert_block(ino, b, block)?;
         Ok(())
     }
 
@@ -391,7 +391,7 @@ impl Fs {
             let (from, to) = (offset.max(bstart), end.min(bend));
             cx.block(st, ino, b);
             if from == bstart && to == bend {
-                st.inode_mut(ino)?.blocks.remove(&b);
+                st.remove_block(ino, b)?;
             } else {
                 let mut bytes = cx.block_bytes(ino, b, &block)?.as_ref().clone();
                 bytes[(from - bstart) as usize..(to - bstart) as usize].fill(0);

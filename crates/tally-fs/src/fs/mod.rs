@@ -361,6 +361,12 @@ impl Fs {
         }
         st.block_size = bs;
         let segment_blocks = log.segment_blocks();
+        st.usage = crate::live::SegmentUsage::build(
+            log.first_segment_block(),
+            segment_blocks,
+            log.segment_count(),
+            st.inodes.values().map(|i| &**i),
+        );
         let log_streams = log.stream_count();
         let mut fs = Fs {
             streams: log.stream_count(),
