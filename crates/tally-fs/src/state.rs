@@ -293,13 +293,97 @@ pub(crate) type KeyHash = foldhash::fast::RandomState;
 /// A map keyed by [`Key`], hashed with [`KeyHash`].
 pub(crate) type KeyMap<V> = HashMap<Key, V, KeyHash>;
 
+/// The inode table. Every access that can change an inode (`get_mut`, `insert`, `remove`,
+/// `entry`) marks its number changed, and nothing else hands out a mutable inode: a
+/// checkpoint re-encodes the changed inodes only and reuses every other one's encoding from
+/// the one before (`snapshot.rs`, [`crate::snapshot::Chunks`]). A mark is conservative (a
+/// `get_mut` that changed nothing costs a re-encoding, never a stale one).
+#[derive(Debug, Default)]
+pub(crate) struct Inodes {
+    map: InoMap<Box<Inode>>,
+    changed: HashSet<Ino, InoHash>,
+}
+
+impl Inodes {
+    pub fn get(&self, ino: &Ino) -> Option<&Inode> {
+        self.map.get(ino).map(|i| &**i)
+    }
+
+    pub fn get_mut(&mut self, ino: &Ino) -> Option<&mut Box<Inode>> {
+        let inode = self.map.get_mut(ino)?;
+        self.changed.insert(*ino);
+        Some(inode)
+    }
+
+    pub fn insert(&mut self, ino: Ino, inode: Box<Inode>) -> Option<Box<Inode>> {
+        self.changed.insert(ino);
+        self.map.insert(ino, inode)
+    }
+
+    pub fn remove(&mut self, ino: &Ino) -> Option<Box<Inode>> {
+        self.changed.insert(*ino);
+        self.map.remove(ino)
+    }
+
+    pub fn entry(&mut self, ino: Ino) -> std::collections::hash_map::Entry<'_, Ino, Box<Inode>> {
+        self.changed.insert(ino);
+        self.map.entry(ino)
+    }
+
+    pub fn contains_key(&self, ino: &Ino) -> bool {
+        self.map.contains_key(ino)
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn keys(&self) -> std::collections::hash_map::Keys<'_, Ino, Box<Inode>> {
+        self.map.keys()
+    }
+
+    pub fn values(&self) -> std::collections::hash_map::Values<'_, Ino, Box<Inode>> {
+        self.map.values()
+    }
+
+    pub fn iter(&self) -> std::collections::hash_map::Iter<'_, Ino, Box<Inode>> {
+        self.map.iter()
+    }
+
+    /// The inodes marked changed since the last call, unmarked.
+    pub fn take_changed(&mut self) -> HashSet<Ino, InoHash> {
+        std::mem::take(&mut self.changed)
+    }
+
+    /// How many inodes are marked changed.
+    #[cfg(test)]
+    pub fn changed_count(&self) -> usize {
+        self.changed.len()
+    }
+}
+
+impl<'a> IntoIterator for &'a Inodes {
+    type Item = (&'a Ino, &'a Box<Inode>);
+    type IntoIter = std::collections::hash_map::Iter<'a, Ino, Box<Inode>>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.map.iter()
+    }
+}
+
+impl std::ops::Index<&Ino> for Inodes {
+    type Output = Box<Inode>;
+    fn index(&self, ino: &Ino) -> &Box<Inode> {
+        &self.map[ino]
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct State {
     /// Boxed: an inode is about 400 bytes, and a hash table moves its entries when it grows.
     /// Unboxed, the table's growth at 57,000 inodes stalled the operation that caused it
     /// (under the state lock) for 38 ms on the 2-core VM, mostly faulting in the new table's
     /// fresh pages; boxed, it moves 16-byte entries.
-    pub inodes: InoMap<Box<Inode>>,
+    pub inodes: Inodes,
     pub next_ino: Ino,
     /// The version clock: the next record version.
     pub next_ver: u64,
@@ -338,13 +422,17 @@ pub(crate) struct State {
     /// record from this version on is in the log after it, and tombstones among them are kept
     /// while it is in force (`clean.rs`).
     pub checkpoint_ver: Option<u64>,
-    /// The last checkpoint snapshot's encoding, kept for the next one to encode into (its
-    /// memory stays mapped: about 200 bytes per file). Not part of the state.
+    /// The last checkpoint snapshot's bookkeeping part (record counts, tombstones, freed
+    /// inodes: about 70 bytes per file), kept for the next one to encode into (its memory
+    /// stays mapped); the inodes' part is kept per inode (`chunks`). Not part of the state.
     pub snapshot_buf: Vec<u8>,
     /// Live data blocks per segment, kept as the block maps change (`live.rs`); derived from
     /// them, not part of the state. Every change of a committed block (placed, moved, dropped,
     /// put back by an undo, its inode freed or restored) goes through it.
     pub usage: crate::live::SegmentUsage,
+    /// Each inode's snapshot encoding as the last checkpoint made it (`snapshot.rs`); not part
+    /// of the state.
+    pub chunks: crate::snapshot::Chunks,
 }
 
 impl State {
@@ -355,7 +443,7 @@ impl State {
     }
 
     pub fn inode(&self, ino: Ino) -> Result<&Inode> {
-        self.inodes.get(&ino).map(|i| &**i).ok_or(FsError::NotFound)
+        self.inodes.get(&ino).ok_or(FsError::NotFound)
     }
 
     pub fn inode_mut(&mut self, ino: Ino) -> Result<&mut Inode> {

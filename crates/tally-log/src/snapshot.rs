@@ -51,7 +51,7 @@ impl Log {
     /// I/O errors; an earlier failure (fail-stop).
     pub fn close_clean(self, payload: &[u8]) -> Result<bool> {
         self.sync()?;
-        Ok(self.write_snapshot(payload, false)?.is_some())
+        Ok(self.write_snapshot(&[payload], false)?.is_some())
     }
 
     /// Write a *checkpoint snapshot* while the log stays open: make everything committed
@@ -72,13 +72,23 @@ impl Log {
     /// # Errors
     /// I/O errors; an earlier failure (fail-stop).
     pub fn checkpoint_snapshot(&self, payload: &[u8]) -> Result<bool> {
+        self.checkpoint_snapshot_parts(&[payload])
+    }
+
+    /// [`Log::checkpoint_snapshot`] of the payload `parts` make one after another (written
+    /// from where they are, as if concatenated): a caller that keeps its state's encoding in
+    /// pieces hands them over without first copying them into one buffer.
+    ///
+    /// # Errors
+    /// As [`Log::checkpoint_snapshot`].
+    pub fn checkpoint_snapshot_parts(&self, parts: &[&[u8]]) -> Result<bool> {
         // An open large transaction's parts are in the log but not in `payload`'s state, and
         // a later close needs them: no checkpoint snapshot while one is open.
         if (0..self.streams.len()).any(|s| self.first_open_run(s).is_some()) {
             return Ok(false);
         }
         self.sync()?;
-        let Some(segments) = self.write_snapshot(payload, true)? else { return Ok(false) };
+        let Some(segments) = self.write_snapshot(parts, true)? else { return Ok(false) };
         let old = std::mem::replace(&mut *lock(&self.checkpoint_snapshot), segments);
         let mut space = lock(&self.space);
         for s in old {
@@ -104,7 +114,7 @@ impl Log {
     /// the superblock at it (`checkpoint`: as a checkpoint snapshot). Everything must be
     /// durable (the caller synced). `None` when it does not fit, or (checkpoint) when a
     /// transaction was committed since the sync.
-    fn write_snapshot(&self, payload: &[u8], checkpoint: bool) -> Result<Option<Vec<u32>>> {
+    fn write_snapshot(&self, payload: &[&[u8]], checkpoint: bool) -> Result<Option<Vec<u32>>> {
         let states = self.stream_states(checkpoint);
         let Some(states) = states else {
             tracing::debug!("a commit came during the checkpoint snapshot; not written");
@@ -115,7 +125,8 @@ impl Log {
         // into the writes' buffers. It was copied four times into fresh memory, whose page
         // faults cost more than the copies (the state lock is held meanwhile).
         let prefix = blob_prefix(&states);
-        let blob_len = prefix.len().saturating_add(payload.len());
+        let payload_len = payload.iter().fold(0usize, |n, p| n.saturating_add(p.len()));
+        let blob_len = prefix.len().saturating_add(payload_len);
         let bs = u64::from(self.block_size);
         let seg_blocks = u64::from(self.segment_blocks);
         // The header block, then the blob.
@@ -149,12 +160,25 @@ impl Log {
         let header = SnapshotHeader {
             sb_generation,
             payload_len: widen(blob_len),
-            payload_crc: crc_seeded(&self.uuid, &[&prefix, payload]),
+            payload_crc: crc_seeded(
+                &self.uuid,
+                &std::iter::once(&prefix[..]).chain(payload.iter().copied()).collect::<Vec<_>>(),
+            ),
             segments,
         };
         // Header, then the blob, block after block through the listed segments.
         let head = header.encode(&self.uuid, self.block_size);
-        let parts: [&[u8]; 3] = [&head, &prefix, payload];
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(payload.len().saturating_add(2));
+        parts.extend([&head[..], &prefix[..]]);
+        parts.extend(payload.iter().copied());
+        let starts: Vec<usize> = parts
+            .iter()
+            .scan(0usize, |at, p| {
+                let start = *at;
+                *at = at.saturating_add(p.len());
+                Some(start)
+            })
+            .collect();
         let bs_bytes = self.block_size as usize;
         let total = parts.iter().map(|p| p.len()).sum::<usize>().next_multiple_of(bs_bytes);
         let segment_bytes = usize::try_from(seg_blocks.saturating_mul(bs)).unwrap_or(usize::MAX);
@@ -168,7 +192,7 @@ impl Log {
                 let block = self
                     .segment_start(s)
                     .saturating_add(widen(at.saturating_sub(from)).checked_div(bs).unwrap_or(0));
-                writes.push(Write::new(block, gather_window(&parts, at, end)));
+                writes.push(Write::new(block, gather_window(&parts, &starts, at, end)));
                 at = end;
             }
         }
@@ -223,10 +247,16 @@ impl Log {
 const SNAPSHOT_WRITE_BYTES: usize = 1 << 20;
 
 /// Bytes `[from, to)` of `parts` laid end to end (zeros past their end) in an I/O buffer.
-fn gather_window(parts: &[&[u8]], from: usize, to: usize) -> IoBuf {
+fn gather_window(parts: &[&[u8]], starts: &[usize], from: usize, to: usize) -> IoBuf {
     let mut pieces: Vec<(usize, &[u8])> = Vec::new();
-    let mut start = 0usize;
-    for part in parts {
+    // The first part ending after `from` (`starts[i]`: where part `i` begins): a payload in
+    // many pieces (a file system's inodes, one each) is not walked from its start per window.
+    let first = starts.partition_point(|&s| s <= from).saturating_sub(1);
+    let mut start = starts.get(first).copied().unwrap_or(0);
+    for part in parts.get(first..).unwrap_or_default() {
+        if start >= to {
+            break;
+        }
         let end = start.saturating_add(part.len());
         let (a, b) = (start.max(from), end.min(to));
         // `start <= a < b <= end`: the piece lies inside `part`.

@@ -432,10 +432,15 @@ impl Fs {
         // failed at a checkpoint due after an operation).
         self.log.sync().map_err(|e| Self::fail_locked(st, e))?;
         self.prune_cache(st);
-        let buf = std::mem::take(&mut st.snapshot_buf);
-        let payload = crate::snapshot::encode_into(st, buf);
-        let written = self.log.checkpoint_snapshot(&payload);
-        st.snapshot_buf = payload;
+        // Only the inodes changed since the last checkpoint are encoded again; the others'
+        // encodings are handed to the log as they are (`snapshot.rs`, `Chunks`).
+        crate::snapshot::refresh_chunks(st);
+        let mut head = Vec::new();
+        let mut tail = std::mem::take(&mut st.snapshot_buf);
+        let parts = crate::snapshot::encode_parts(st, &mut head, &mut tail);
+        let written = self.log.checkpoint_snapshot_parts(&parts);
+        drop(parts);
+        st.snapshot_buf = tail;
         let written = written.map_err(|e| Self::fail_locked(st, e))?;
         if written {
             st.checkpoint_ver = Some(st.next_ver);

@@ -242,14 +242,14 @@ impl Fs {
             .map(|(name, i, cookie)| {
                 let e =
                     DirEntry { name: name.to_vec(), ino: i, kind: FileKind::Dir, offset: cookie };
-                (e, st.inodes.get(&i).map(|i| &**i))
+                (e, st.inodes.get(&i))
             });
         // From the cookie on: the cost is the page, not the directory.
         let named = dir.order.range(offset.max(2).saturating_add(1)..).filter_map(
             move |(&cookie, name)| {
                 let d = dir.entries.get(name)?;
                 let e = DirEntry { name: name.clone(), ino: d.ino, kind: d.kind, offset: cookie };
-                Some((e, st.inodes.get(&d.ino).map(|i| &**i)))
+                Some((e, st.inodes.get(&d.ino)))
             },
         );
         Ok(dots.chain(named).take(count_max))
