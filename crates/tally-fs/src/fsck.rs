@@ -103,13 +103,22 @@ impl Fs {
     /// data blocks (the long part on a large image), for a progress bar.
     pub fn fsck_with_progress(&self, progress: &mut dyn FnMut(u64, u64)) -> FsckReport {
         let mut r = FsckReport::default();
-        let st = match lock(&self.state) {
+        let mut st = match lock(&self.state) {
             Ok(st) => st,
             Err(e) => {
                 r.problems.push(format!("the state in memory cannot be checked: {e}"));
                 return r;
             }
         };
+        // The space accounting's kept totals (statfs), against a walk.
+        let kept = crate::live::live_parts(&mut st);
+        let walked = crate::live::live_parts_walked(&st);
+        if kept != walked {
+            r.problems.push(format!(
+                "live data blocks and record bytes kept for statfs {kept:?} differ from a walk \
+                 of the state {walked:?}"
+            ));
+        }
         let data_blocks_total: u64 = st.inodes.values().map(|i| i.blocks.len() as u64).sum();
         // Segments some stream's log holds: a live block anywhere else sits in free space,
         // where a later write would overwrite it.

@@ -27,8 +27,10 @@
 //! empty file system shows a few MiB used, not the 8 % headroom. Free and available are the
 //! same number: no part of `reserved` is for root alone.
 //!
-//! The counts are derived, not kept incrementally: a walk over the inode table (O(inodes);
-//! the block maps' lengths are O(1)). The per-segment counts the cleaning policy ranks the
+//! The counts are derived from the state and kept per inode ([`LiveTotals`]): brought up to
+//! date from the inodes changed since the last count, as the inode table marks them; a walk
+//! of every inode and every directory's names (5–11 ms under the state lock for 100,000
+//! files in one directory) is what `fsck` compares them with. The per-segment counts the cleaning policy ranks the
 //! streams' heads by are kept as the block maps change ([`SegmentUsage`], LFS's segment usage
 //! table, in memory only: built by one walk at mount): they were a walk over every block map
 //! for each segment cleaned while space was low, under the state lock (100,000 files on a
@@ -251,8 +253,26 @@ fn record_sizes() -> RecordSizes {
     }
 }
 
-/// Data blocks and record bytes of the live state.
-pub(crate) fn live_parts(st: &State) -> (u64, u64) {
+/// One inode's part of the live state: its data blocks, and the bytes of its records (its
+/// attribute record, an extent per block, an entry per name if a directory, its extended
+/// attributes). O(1) but for the extended attributes (a directory keeps its names' bytes).
+fn inode_parts(sizes: &RecordSizes, inode: &Inode) -> (u64, u64) {
+    let blocks = inode.blocks.len() as u64;
+    let mut bytes = sizes.inode + inode.target.len() as u64 + blocks * sizes.extent;
+    if let Some(dir) = &inode.dir {
+        bytes += dir.entries.len() as u64 * sizes.dentry + dir.name_bytes;
+    }
+    bytes += inode
+        .xattrs
+        .iter()
+        .map(|(n, x)| sizes.xattr + n.len() as u64 + x.value.len() as u64)
+        .sum::<u64>();
+    (blocks, bytes)
+}
+
+/// Data blocks and record bytes of the live state, by a walk of every inode and every
+/// directory's names (what [`LiveTotals`] keeps; `fsck` compares them).
+pub(crate) fn live_parts_walked(st: &State) -> (u64, u64) {
     let sizes = record_sizes();
     let mut data = 0u64;
     let mut bytes = sizes.inode; // the file-system record, about an inode's
@@ -270,6 +290,38 @@ pub(crate) fn live_parts(st: &State) -> (u64, u64) {
             .sum::<u64>();
     }
     (data, bytes)
+}
+
+/// [`live_parts_walked`]'s totals, kept per inode: brought up to date from the inodes the
+/// inode table marked changed since (`state.rs` `Inodes`), so `statfs`, `fallocate` and the
+/// low-space check before operations cost what changed, not a walk of every inode and every
+/// directory's names under the state lock (5–11 ms for 100,000 files in one directory).
+#[derive(Debug, Default)]
+pub(crate) struct LiveTotals {
+    per_ino: crate::state::InoMap<(u64, u64)>,
+    data: u64,
+    bytes: u64,
+}
+
+/// Data blocks and record bytes of the live state ([`LiveTotals`], brought up to date).
+pub(crate) fn live_parts(st: &mut State) -> (u64, u64) {
+    let sizes = record_sizes();
+    let changed = st.inodes.take_changed_live();
+    let State { inodes, live_totals: t, .. } = st;
+    for ino in changed {
+        if let Some((d, b)) = t.per_ino.remove(&ino) {
+            t.data = t.data.saturating_sub(d);
+            t.bytes = t.bytes.saturating_sub(b);
+        }
+        if let Some(inode) = inodes.get(&ino) {
+            let (d, b) = inode_parts(&sizes, inode);
+            t.data = t.data.saturating_add(d);
+            t.bytes = t.bytes.saturating_add(b);
+            t.per_ino.insert(ino, (d, b));
+        }
+    }
+    // The file-system record, about an inode's.
+    (t.data, t.bytes.saturating_add(sizes.inode))
 }
 
 /// Blocks `data` data blocks and `record_bytes` of records take once packed.

@@ -676,7 +676,8 @@ mod tests {
     /// checkpoint unless marked changed, the bookkeeping — is exactly the whole encoding,
     /// after every kind of change (data written, overwritten, truncated and punched, names
     /// made, renamed and removed, attributes, links, an explicit transaction aborted and one
-    /// committed, cleaning, a remount), and only changed inodes are encoded again.
+    /// committed, cleaning, a remount), and only changed inodes are encoded again. The space
+    /// accounting's totals, kept from the same marks, equal a walk's at every step too.
     #[test]
     fn the_encoding_in_pieces_is_the_whole_encoding_after_every_change() {
         use std::sync::Arc;
@@ -695,6 +696,8 @@ mod tests {
             let (mut head, mut tail) = (Vec::new(), Vec::new());
             let pieces: Vec<u8> = encode_parts(&st, &mut head, &mut tail).concat();
             assert!(pieces == whole, "{what}: the pieces differ from the whole encoding");
+            let kept = crate::live::live_parts(&mut st);
+            assert_eq!(kept, crate::live::live_parts_walked(&st), "{what}: statfs's totals");
             marked
         };
         let mut fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();

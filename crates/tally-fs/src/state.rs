@@ -79,21 +79,32 @@ pub(crate) const FIRST_COOKIE: u64 = 3;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Dir {
+    /// Changed only by [`Dir::insert`] and [`Dir::remove`], which keep `name_bytes`.
     pub entries: HashMap<Vec<u8>, Dentry>,
     /// Entries by cookie: readdir order, stable across inserts and removals.
     pub order: BTreeMap<u64, Vec<u8>>,
     pub next_cookie: u64,
     pub parent: Ino,
+    /// Bytes of all the entries' names (the space accounting's, `live.rs`).
+    pub name_bytes: u64,
 }
 
 impl Dir {
     pub fn new(parent: Ino) -> Dir {
-        Dir { entries: HashMap::new(), order: BTreeMap::new(), next_cookie: FIRST_COOKIE, parent }
+        Dir {
+            entries: HashMap::new(),
+            order: BTreeMap::new(),
+            next_cookie: FIRST_COOKIE,
+            parent,
+            name_bytes: 0,
+        }
     }
 
     pub fn insert(&mut self, name: Vec<u8>, d: Dentry) {
         if let Some(old) = self.entries.get(&name) {
             self.order.remove(&old.cookie);
+        } else {
+            self.name_bytes = self.name_bytes.saturating_add(name.len() as u64);
         }
         // Saturating: a cookie read from the device may be the largest (replay refuses it; a
         // forged snapshot must not panic here).
@@ -105,6 +116,7 @@ impl Dir {
     pub fn remove(&mut self, name: &[u8]) -> Option<Dentry> {
         let d = self.entries.remove(name)?;
         self.order.remove(&d.cookie);
+        self.name_bytes = self.name_bytes.saturating_sub(name.len() as u64);
         Some(d)
     }
 }
@@ -302,6 +314,8 @@ pub(crate) type KeyMap<V> = HashMap<Key, V, KeyHash>;
 pub(crate) struct Inodes {
     map: InoMap<Box<Inode>>,
     changed: HashSet<Ino, InoHash>,
+    /// The same marks, for the space accounting's kept totals (`live.rs`, `LiveTotals`).
+    changed_live: HashSet<Ino, InoHash>,
 }
 
 impl Inodes {
@@ -312,21 +326,22 @@ impl Inodes {
     pub fn get_mut(&mut self, ino: &Ino) -> Option<&mut Box<Inode>> {
         let inode = self.map.get_mut(ino)?;
         self.changed.insert(*ino);
+        self.changed_live.insert(*ino);
         Some(inode)
     }
 
     pub fn insert(&mut self, ino: Ino, inode: Box<Inode>) -> Option<Box<Inode>> {
-        self.changed.insert(ino);
+        self.mark(ino);
         self.map.insert(ino, inode)
     }
 
     pub fn remove(&mut self, ino: &Ino) -> Option<Box<Inode>> {
-        self.changed.insert(*ino);
+        self.mark(*ino);
         self.map.remove(ino)
     }
 
     pub fn entry(&mut self, ino: Ino) -> std::collections::hash_map::Entry<'_, Ino, Box<Inode>> {
-        self.changed.insert(ino);
+        self.mark(ino);
         self.map.entry(ino)
     }
 
@@ -350,9 +365,19 @@ impl Inodes {
         self.map.iter()
     }
 
-    /// The inodes marked changed since the last call, unmarked.
+    fn mark(&mut self, ino: Ino) {
+        self.changed.insert(ino);
+        self.changed_live.insert(ino);
+    }
+
+    /// The inodes marked changed since the last call, unmarked (for the snapshot's chunks).
     pub fn take_changed(&mut self) -> HashSet<Ino, InoHash> {
         std::mem::take(&mut self.changed)
+    }
+
+    /// The same for the space accounting's totals.
+    pub fn take_changed_live(&mut self) -> HashSet<Ino, InoHash> {
+        std::mem::take(&mut self.changed_live)
     }
 
     /// How many inodes are marked changed.
@@ -433,6 +458,9 @@ pub(crate) struct State {
     /// Each inode's snapshot encoding as the last checkpoint made it (`snapshot.rs`); not part
     /// of the state.
     pub chunks: crate::snapshot::Chunks,
+    /// The live state's data blocks and record bytes, kept per inode (`live.rs`); derived,
+    /// not part of the state.
+    pub live_totals: crate::live::LiveTotals,
 }
 
 impl State {

@@ -435,6 +435,9 @@ impl Fs {
         // Only the inodes changed since the last checkpoint are encoded again; the others'
         // encodings are handed to the log as they are (`snapshot.rs`, `Chunks`).
         crate::snapshot::refresh_chunks(st);
+        // The space totals take the same changes in, so their marks do not pile up between
+        // `statfs` calls (`live.rs`).
+        crate::live::live_parts(st);
         let mut head = Vec::new();
         let mut tail = std::mem::take(&mut st.snapshot_buf);
         let parts = crate::snapshot::encode_parts(st, &mut head, &mut tail);
