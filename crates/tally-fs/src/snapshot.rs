@@ -118,7 +118,8 @@ pub(crate) fn encode_parts<'a>(
     let mut o = Appender::reusing(std::mem::take(head), 64);
     put_header(&mut o, st);
     *head = o.into_vec();
-    let mut o = Appender::reusing(std::mem::take(tail), tail.capacity());
+    // Into `tail`'s allocation, kept from the last checkpoint (mapped already).
+    let mut o = Appender::reusing(std::mem::take(tail), 0);
     put_bookkeeping(&mut o, st);
     *tail = o.into_vec();
     let mut inos: Vec<Ino> = st.inodes.keys().copied().collect();

@@ -160,10 +160,9 @@ impl Log {
         let header = SnapshotHeader {
             sb_generation,
             payload_len: widen(blob_len),
-            payload_crc: crc_seeded(
-                &self.uuid,
-                &std::iter::once(&prefix[..]).chain(payload.iter().copied()).collect::<Vec<_>>(),
-            ),
+            payload_crc: payload
+                .iter()
+                .fold(crc_seeded(&self.uuid, &[&prefix]), |crc, p| crc32c::crc32c_append(crc, p)),
             segments,
         };
         // Header, then the blob, block after block through the listed segments.
