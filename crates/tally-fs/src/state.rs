@@ -458,6 +458,9 @@ pub(crate) struct State {
     /// Each inode's snapshot encoding as the last checkpoint made it (`snapshot.rs`); not part
     /// of the state.
     pub chunks: crate::snapshot::Chunks,
+    /// The record counts' snapshot encoding in groups, as the last checkpoint made it
+    /// (`snapshot.rs`); not part of the state.
+    pub counts: crate::snapshot::CountGroups,
     /// The live state's data blocks and record bytes, kept per inode (`live.rs`); derived,
     /// not part of the state.
     pub live_totals: crate::live::LiveTotals,
@@ -496,6 +499,7 @@ impl State {
                 self.key_count.insert(key.clone(), 1);
             }
         }
+        self.counts.mark(key);
         *self.ino_count.entry(key.owner()).or_default() += 1;
     }
 
@@ -506,6 +510,7 @@ impl State {
             if *c == 0 {
                 self.key_count.remove(key);
             }
+            self.counts.mark(key);
         }
         if let Some(c) = self.ino_count.get_mut(&key.owner()) {
             *c = c.saturating_sub(1);

@@ -435,12 +435,14 @@ impl Fs {
         // Only the inodes changed since the last checkpoint are encoded again; the others'
         // encodings are handed to the log as they are (`snapshot.rs`, `Chunks`).
         crate::snapshot::refresh_chunks(st);
+        // And only the record counts' groups that changed (`snapshot.rs`, `CountGroups`).
+        crate::snapshot::refresh_counts(st);
         // The space totals take the same changes in, so their marks do not pile up between
         // `statfs` calls (`live.rs`).
         crate::live::live_parts(st);
-        let mut head = Vec::new();
+        let (mut head, mut mid) = (Vec::new(), Vec::new());
         let mut tail = std::mem::take(&mut st.snapshot_buf);
-        let parts = crate::snapshot::encode_parts(st, &mut head, &mut tail);
+        let parts = crate::snapshot::encode_parts(st, &mut head, &mut mid, &mut tail);
         let written = self.log.checkpoint_snapshot_parts(&parts);
         drop(parts);
         st.snapshot_buf = tail;
