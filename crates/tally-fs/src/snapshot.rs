@@ -66,13 +66,18 @@ pub(crate) fn encode_into(st: &State, buf: Vec<u8>) -> Vec<u8> {
     o.into_vec()
 }
 
+/// A kept piece of the encoding: shared, so a checkpoint can hold the pieces it writes while
+/// the state lock is given up and the state's own are replaced (boxed inside the `Arc`, so
+/// that sharing a freshly encoded piece does not copy it).
+pub(crate) type Piece = std::sync::Arc<Box<[u8]>>;
+
 /// Each inode's encoding (what [`encode`] writes for it) as the last checkpoint made it, kept
 /// in memory in place of one buffer holding the whole encoding: a checkpoint encodes again
 /// only the inodes changed since ([`crate::state::Inodes`] marks them), and hands the log
 /// every other one's bytes as they are ([`encode_parts`]). Not part of the state.
 #[derive(Debug, Default)]
 pub(crate) struct Chunks {
-    by_ino: crate::state::InoMap<Box<[u8]>>,
+    by_ino: crate::state::InoMap<Piece>,
 }
 
 /// Bring `st.chunks` up to date: encode every inode marked changed since the last call (and
@@ -100,10 +105,10 @@ pub(crate) fn refresh_chunks(st: &mut State) {
     }
 }
 
-fn chunk(inode: &Inode) -> Box<[u8]> {
+fn chunk(inode: &Inode) -> Piece {
     let mut o = Appender::with_capacity(256);
     put_inode(&mut o, inode);
-    o.into_vec().into_boxed_slice()
+    Piece::new(o.into_vec().into_boxed_slice())
 }
 
 /// Keys of one [`Key::Block`] group: 4,096 blocks (16 MiB of 4 KiB blocks), so appending to
@@ -123,7 +128,7 @@ const GROUP_INODES_SHIFT: u32 = 10;
 /// state.
 #[derive(Debug, Default)]
 pub(crate) struct CountGroups {
-    groups: BTreeMap<u128, Box<[u8]>>,
+    groups: BTreeMap<u128, Piece>,
     /// Keys whose count changed since the groups were brought up to date.
     changed: HashSet<Key, crate::state::KeyHash>,
     /// Whether `groups` hold every count but those of `changed`: not before the first
@@ -173,13 +178,14 @@ pub(crate) fn refresh_counts(st: &mut State) -> usize {
         for run in keys.chunk_by(|a, b| a.0 == b.0) {
             merged += 1;
             let old = counts.groups.remove(&run[0].0);
-            let Some(bytes) = merge_group(old.as_deref(), run.iter().map(|e| e.1), key_count)
+            let Some(bytes) =
+                merge_group(old.as_deref().map(|b| &b[..]), run.iter().map(|e| e.1), key_count)
             else {
                 merged_all = false;
                 break;
             };
             if !bytes.is_empty() {
-                counts.groups.insert(run[0].0, bytes);
+                counts.groups.insert(run[0].0, Piece::new(bytes));
             }
         }
         drop(keys);
@@ -198,7 +204,7 @@ pub(crate) fn refresh_counts(st: &mut State) -> usize {
         let g = group_of(k);
         if group.as_ref().is_some_and(|(at, _)| *at != g) {
             if let Some((at, o)) = group.take() {
-                counts.groups.insert(at, o.into_vec().into_boxed_slice());
+                counts.groups.insert(at, Piece::new(o.into_vec().into_boxed_slice()));
             }
         }
         let (_, o) = group.get_or_insert_with(|| (g, Appender::with_capacity(64)));
@@ -206,7 +212,7 @@ pub(crate) fn refresh_counts(st: &mut State) -> usize {
         o.u32(c);
     }
     if let Some((at, o)) = group {
-        counts.groups.insert(at, o.into_vec().into_boxed_slice());
+        counts.groups.insert(at, Piece::new(o.into_vec().into_boxed_slice()));
     }
     counts.built = true;
     counts.groups.len()
@@ -260,46 +266,70 @@ fn merge_group<'k>(
     Some(o.into_vec().into_boxed_slice())
 }
 
+/// [`encode`]'s bytes as pieces ([`encode_parts`]), held apart from the state: the kept
+/// pieces shared, the rest owned.
+#[derive(Debug, Default)]
+pub(crate) struct Parts {
+    /// The header and the number of record counts.
+    head: Vec<u8>,
+    /// Each inode's chunk in inode order.
+    chunks: Vec<Piece>,
+    /// The number of record counts, and the counts themselves when the groups were not
+    /// brought up to date.
+    mid: Vec<u8>,
+    /// The record counts' groups in order (empty when in `mid`).
+    groups: Vec<Piece>,
+    /// Per-inode counts, tombstones, freed inodes.
+    tail: Vec<u8>,
+}
+
+impl Parts {
+    /// The pieces in order: their concatenation is the encoding.
+    pub(crate) fn slices(&self) -> Vec<&[u8]> {
+        let mut v: Vec<&[u8]> = Vec::with_capacity(
+            self.chunks.len().saturating_add(self.groups.len()).saturating_add(3),
+        );
+        v.push(&self.head);
+        v.extend(self.chunks.iter().map(|c| &c[..]));
+        v.push(&self.mid);
+        v.extend(self.groups.iter().map(|g| &g[..]));
+        v.push(&self.tail);
+        v
+    }
+
+    /// The bookkeeping's buffer, for the next checkpoint to encode into (its pages mapped).
+    pub(crate) fn into_tail(self) -> Vec<u8> {
+        self.tail
+    }
+}
+
 /// [`encode`]'s bytes as pieces, from chunks and count groups brought up to date by
 /// [`refresh_chunks`] and [`refresh_counts`] (which must be called first, with nothing
-/// changed since): the header and the number of record counts (into `head` and `mid`), each
-/// inode's chunk in inode order, the record counts' groups in order, and the per-inode counts,
-/// tombstones and freed inodes (into `tail`). Their concatenation is exactly `encode(st)`
-/// (tests check it).
-pub(crate) fn encode_parts<'a>(
-    st: &'a State,
-    head: &'a mut Vec<u8>,
-    mid: &'a mut Vec<u8>,
-    tail: &'a mut Vec<u8>,
-) -> Vec<&'a [u8]> {
-    let mut o = Appender::reusing(std::mem::take(head), 64);
+/// changed since): the header, each inode's chunk in inode order, the number of record
+/// counts, the counts' groups in order, and the per-inode counts, tombstones and freed inodes
+/// (into `tail`'s allocation, kept from the last checkpoint: mapped already). Their
+/// concatenation is exactly `encode(st)` (tests check it).
+pub(crate) fn encode_parts(st: &State, tail: Vec<u8>) -> Parts {
+    let mut o = Appender::with_capacity(64);
     put_header(&mut o, st);
-    *head = o.into_vec();
+    let head = o.into_vec();
     let groups_ready = st.counts.built && st.counts.changed.is_empty();
-    let mut o = Appender::reusing(std::mem::take(mid), 8);
+    let mut o = Appender::with_capacity(8);
     o.len_u64(st.key_count.len());
     if !groups_ready {
         // Not brought up to date: the counts sorted and encoded whole, after their number.
         put_counts(&mut o, st);
     }
-    *mid = o.into_vec();
-    // Into `tail`'s allocation, kept from the last checkpoint (mapped already).
-    let mut o = Appender::reusing(std::mem::take(tail), 0);
+    let mid = o.into_vec();
+    let mut o = Appender::reusing(tail, 0);
     put_bookkeeping_after_counts(&mut o, st);
-    *tail = o.into_vec();
+    let tail = o.into_vec();
     let mut inos: Vec<Ino> = st.inodes.keys().copied().collect();
     inos.sort_unstable();
-    let groups = if groups_ready { st.counts.groups.len() } else { 0 };
-    let mut parts: Vec<&[u8]> =
-        Vec::with_capacity(inos.len().saturating_add(groups).saturating_add(3));
-    parts.push(head.as_slice());
-    parts.extend(inos.iter().filter_map(|i| st.chunks.by_ino.get(i)).map(|c| &c[..]));
-    parts.push(mid.as_slice());
-    if groups_ready {
-        parts.extend(st.counts.groups.values().map(|g| &g[..]));
-    }
-    parts.push(tail.as_slice());
-    parts
+    let chunks = inos.iter().filter_map(|i| st.chunks.by_ino.get(i)).cloned().collect();
+    let groups =
+        if groups_ready { st.counts.groups.values().cloned().collect() } else { Vec::new() };
+    Parts { head, chunks, mid, groups, tail }
 }
 
 /// The snapshot's start: magic, version, the file system's numbers, the inode count.
@@ -920,8 +950,7 @@ mod tests {
             let groups = refresh_counts(&mut st);
             assert!(st.counts.built && st.counts.changed.is_empty(), "{what}: groups not ready");
             let whole = encode(&st);
-            let (mut head, mut mid, mut tail) = (Vec::new(), Vec::new(), Vec::new());
-            let pieces: Vec<u8> = encode_parts(&st, &mut head, &mut mid, &mut tail).concat();
+            let pieces: Vec<u8> = encode_parts(&st, Vec::new()).slices().concat();
             assert!(pieces == whole, "{what}: the pieces differ from the whole encoding");
             assert!(
                 what != "one overwrite" || groups <= 3,

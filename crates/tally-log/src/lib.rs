@@ -75,4 +75,5 @@ pub use format::body::{Run, RunRole, TxId};
 pub use format::superblock::probe_block_size;
 pub use mutant::{available as mutants_available, Mutant};
 pub use recover::{Damage, RecoveredTx, Recovery, StreamRecovery};
+pub use snapshot::CheckpointStart;
 pub use writeback::WriteBehind;

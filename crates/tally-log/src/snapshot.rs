@@ -51,7 +51,9 @@ impl Log {
     /// I/O errors; an earlier failure (fail-stop).
     pub fn close_clean(self, payload: &[u8]) -> Result<bool> {
         self.sync()?;
-        Ok(self.write_snapshot(&[payload], false)?.is_some())
+        let sb = lock(&self.sb);
+        let Some(states) = self.stream_states(false) else { return Ok(false) };
+        Ok(self.write_snapshot(sb, &states, &[payload], false)?.is_some())
     }
 
     /// Write a *checkpoint snapshot* while the log stays open: make everything committed
@@ -82,13 +84,66 @@ impl Log {
     /// # Errors
     /// As [`Log::checkpoint_snapshot`].
     pub fn checkpoint_snapshot_parts(&self, parts: &[&[u8]]) -> Result<bool> {
+        match self.checkpoint_snapshot_begin()? {
+            Some(start) => self.checkpoint_snapshot_finish(start, parts),
+            None => Ok(false),
+        }
+    }
+
+    /// [`Log::checkpoint_snapshot_parts`] in two steps, so that the caller need not keep
+    /// everyone else from committing while the snapshot is written. `begin` makes everything
+    /// committed durable and takes the streams' positions: the payload handed to `finish`
+    /// must describe exactly what was committed before `begin` returned, and nothing may be
+    /// committed between the two until `begin` has returned (the caller's lock). After it,
+    /// others may commit: their transactions follow the positions taken, so a recovery from
+    /// this snapshot replays them on top. From `begin` to `finish` the superblock is held
+    /// (the returned [`CheckpointStart`]): no stream checkpoint frees the segments the
+    /// positions name, and a commit that must reserve sequence numbers waits (one in
+    /// [`OpenOptions::seq_reserve`](crate::OpenOptions) commits: 2^24 by default). `None`
+    /// (nothing changed) while a large transaction is open, or if a commit came after the
+    /// sync.
+    ///
+    /// # Errors
+    /// I/O errors; an earlier failure (fail-stop).
+    pub fn checkpoint_snapshot_begin(&self) -> Result<Option<CheckpointStart<'_>>> {
         // An open large transaction's parts are in the log but not in `payload`'s state, and
         // a later close needs them: no checkpoint snapshot while one is open.
         if (0..self.streams.len()).any(|s| self.first_open_run(s).is_some()) {
-            return Ok(false);
+            return Ok(None);
         }
         self.sync()?;
-        let Some(segments) = self.write_snapshot(parts, true)? else { return Ok(false) };
+        // Superblock, then the streams: the lock order of `raise_seq_limit`.
+        let sb = lock(&self.sb);
+        let Some(states) = self.stream_states(true) else {
+            tracing::debug!("a commit came during the checkpoint snapshot; not written");
+            return Ok(None);
+        };
+        let placed = self.placed_blocks.load(std::sync::atomic::Ordering::Relaxed);
+        Ok(Some(CheckpointStart { sb, states, placed }))
+    }
+
+    /// The second step of [`Log::checkpoint_snapshot_begin`]: write the streams' positions it
+    /// took and `parts` (the payload, as in [`Log::checkpoint_snapshot_parts`]) to free
+    /// segments, flush, point the superblock at them, and free the previous checkpoint
+    /// snapshot's segments. `false` (nothing changed) when it does not fit.
+    ///
+    /// # Errors
+    /// I/O errors (fail-stop).
+    pub fn checkpoint_snapshot_finish(
+        &self,
+        start: CheckpointStart<'_>,
+        parts: &[&[u8]],
+    ) -> Result<bool> {
+        let CheckpointStart { sb, states, placed } = start;
+        let Some(segments) = self.write_snapshot(sb, &states, parts, true)? else {
+            return Ok(false);
+        };
+        // What was placed after `begin` is after the positions taken: a crash replays it.
+        let _ = self.placed_blocks.fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |now| Some(now.saturating_sub(placed)),
+        );
         let old = std::mem::replace(&mut *lock(&self.checkpoint_snapshot), segments);
         let mut space = lock(&self.space);
         for s in old {
@@ -110,21 +165,21 @@ impl Log {
         lock(&self.checkpoint_snapshot).clone()
     }
 
-    /// Write a snapshot of the streams' state and `payload` to free segments, flush, and point
-    /// the superblock at it (`checkpoint`: as a checkpoint snapshot). Everything must be
-    /// durable (the caller synced). `None` when it does not fit, or (checkpoint) when a
-    /// transaction was committed since the sync.
-    fn write_snapshot(&self, payload: &[&[u8]], checkpoint: bool) -> Result<Option<Vec<u32>>> {
-        let states = self.stream_states(checkpoint);
-        let Some(states) = states else {
-            tracing::debug!("a commit came during the checkpoint snapshot; not written");
-            return Ok(None);
-        };
+    /// Write a snapshot of the streams' state `states` (taken while `sb_state` was held) and
+    /// `payload` to free segments, flush, and point the superblock at it (`checkpoint`: as a
+    /// checkpoint snapshot). `None` when it does not fit.
+    fn write_snapshot(
+        &self,
+        mut sb_state: std::sync::MutexGuard<'_, crate::engine::SbState>,
+        states: &[StreamState],
+        payload: &[&[u8]],
+        checkpoint: bool,
+    ) -> Result<Option<Vec<u32>>> {
         // The blob is the prefix and then the payload, written from where they are: the
         // payload (the file system's whole state: 20 MB for 100,000 files) is copied once,
         // into the writes' buffers. It was copied four times into fresh memory, whose page
         // faults cost more than the copies (the state lock is held meanwhile).
-        let prefix = blob_prefix(&states);
+        let prefix = blob_prefix(states);
         let payload_len = payload.iter().fold(0usize, |n, p| n.saturating_add(p.len()));
         let blob_len = prefix.len().saturating_add(payload_len);
         let bs = u64::from(self.block_size);
@@ -152,7 +207,6 @@ impl Log {
                 }
             }
         }
-        let mut sb_state = lock(&self.sb);
         let Some(sb_generation) = sb_state.sb.generation.checked_add(1) else {
             tracing::warn!("superblock generation exhausted; no snapshot");
             return Ok(None);
@@ -202,9 +256,6 @@ impl Log {
         sb.snapshot = header.segments.first().copied();
         sb.snapshot_generation = checkpoint.then_some(sb_generation);
         self.write_superblock(&mut sb_state, sb, true)?;
-        if checkpoint {
-            self.placed_blocks.store(0, std::sync::atomic::Ordering::Relaxed);
-        }
         Ok(Some(header.segments))
     }
 
@@ -237,6 +288,23 @@ impl Log {
                 })
             })
             .collect()
+    }
+}
+
+/// A checkpoint snapshot begun ([`Log::checkpoint_snapshot_begin`]): the streams' positions
+/// it describes, with the superblock held until [`Log::checkpoint_snapshot_finish`] (or until
+/// it is dropped, which abandons it: nothing was written).
+#[must_use = "a begun checkpoint holds the superblock until it is finished or dropped"]
+pub struct CheckpointStart<'a> {
+    sb: std::sync::MutexGuard<'a, crate::engine::SbState>,
+    states: Vec<StreamState>,
+    /// Blocks placed since the last checkpoint snapshot when the positions were taken.
+    placed: u64,
+}
+
+impl std::fmt::Debug for CheckpointStart<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckpointStart").field("placed", &self.placed).finish_non_exhaustive()
     }
 }
 

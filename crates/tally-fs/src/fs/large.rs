@@ -18,7 +18,7 @@
 //! Invariants: a transaction's parts are all on its stream (`TxnState::stream`); a part's
 //! keys leave `touched` (the commit does not write them again unless changed again); the
 //! close carries the transaction's dependencies; cleaning, checkpoints and snapshots never
-//! run while a transaction is open (`clean.rs`, `checkpoint_locked`).
+//! run while a transaction is open (`clean.rs`, `checkpoint_with`).
 
 use std::collections::{BTreeSet, HashMap};
 
