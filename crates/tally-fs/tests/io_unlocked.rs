@@ -136,6 +136,17 @@ fn promptly<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'stati
         .unwrap_or_else(|_| panic!("{what} waited for a device call held under the state lock"))
 }
 
+/// While a device call is held: a getattr of `f`, a whole-block write of `tag`s to `g` and a
+/// create of `h` in the root each finish promptly. Returns `h`.
+fn others_go_on(fs: &Arc<Fs>, f: u64, g: u64, tag: u8) -> u64 {
+    let fs2 = fs.clone();
+    promptly("getattr", move || fs2.getattr(f).unwrap());
+    let fs2 = fs.clone();
+    promptly("a write to another file", move || fs2.write(None, g, 0, &[tag; BS]).unwrap());
+    let fs2 = fs.clone();
+    promptly("a create", move || fs2.create(None, ROOT, b"h", 0o644, ME).unwrap().ino)
+}
+
 /// A file with one durable block (its bytes no longer in memory, so a partial write must
 /// read them from the device).
 fn durable_file(fs: &Fs, name: &[u8], tag: u8) -> u64 {
@@ -158,12 +169,7 @@ fn a_partial_write_reads_its_block_without_holding_others_up() {
     };
     gate.held();
     // The partial write is waiting for its block's old bytes: everything else goes on.
-    let fs2 = fs.clone();
-    promptly("getattr", move || fs2.getattr(f).unwrap());
-    let fs2 = fs.clone();
-    promptly("a write to another file", move || fs2.write(None, g, 0, &[3; BS]).unwrap());
-    let fs2 = fs.clone();
-    promptly("a create", move || fs2.create(None, ROOT, b"h", 0o644, ME).unwrap());
+    others_go_on(&fs, f, g, 3);
     gate.release();
     assert_eq!(writer.join().unwrap(), 7);
     let mut want = vec![1u8; BS];
@@ -188,12 +194,7 @@ fn a_commits_submission_holds_no_one_up() {
         std::thread::spawn(move || fs.write(None, f, 0, &[1; BS]).unwrap())
     };
     gate.held();
-    let fs2 = fs.clone();
-    promptly("getattr", move || fs2.getattr(f).unwrap());
-    let fs2 = fs.clone();
-    promptly("a write to another file", move || fs2.write(None, g, 0, &[2; BS]).unwrap());
-    let fs2 = fs.clone();
-    promptly("a create", move || fs2.create(None, ROOT, b"h", 0o644, ME).unwrap());
+    others_go_on(&fs, f, g, 2);
     gate.release();
     assert_eq!(writer.join().unwrap(), BS);
     fs.fsync(f).unwrap();
@@ -304,12 +305,7 @@ fn a_checkpoints_snapshot_write_holds_no_one_up() {
         std::thread::spawn(move || fs.checkpoint().unwrap())
     };
     gate.held();
-    let fs2 = fs.clone();
-    promptly("getattr", move || fs2.getattr(f).unwrap());
-    let fs2 = fs.clone();
-    promptly("a write to another file", move || fs2.write(None, g, 0, &[3; BS]).unwrap());
-    let fs2 = fs.clone();
-    let h = promptly("a create", move || fs2.create(None, ROOT, b"h", 0o644, ME).unwrap().ino);
+    let h = others_go_on(&fs, f, g, 3);
     gate.release();
     assert!(checkpointer.join().unwrap(), "the checkpoint was not written");
     fs.sync().unwrap();
