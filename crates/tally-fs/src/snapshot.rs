@@ -136,10 +136,19 @@ pub(crate) struct CountGroups {
     built: bool,
 }
 
+/// Most keys [`CountGroups`] keeps marked: past it, the marks are dropped and the next refresh
+/// encodes every group (without checkpoints, `replay_budget_mib=0`, nothing else bounds them).
+const CHANGED_MAX: usize = 1 << 20;
+
 impl CountGroups {
     /// `key`'s count changed (called with every change of [`State::key_count`]).
     pub(crate) fn mark(&mut self, key: &Key) {
         if self.built && !self.changed.contains(key) {
+            if self.changed.len() >= CHANGED_MAX {
+                self.built = false;
+                self.changed = HashSet::default();
+                return;
+            }
             self.changed.insert(key.clone());
         }
     }
@@ -910,6 +919,24 @@ mod tests {
             assert!(kept == whole.into_vec(), "round {round}: the groups differ");
         }
         assert!(merged_some);
+    }
+
+    /// Marks past [`CHANGED_MAX`] (no checkpoint to fold them) are dropped, and the next
+    /// refresh encodes every group anew: memory stays bounded, the bytes stay right.
+    #[test]
+    fn too_many_marks_give_way_to_a_whole_encoding() {
+        let mut st = State::default();
+        st.count(&Key::Fs);
+        refresh_counts(&mut st);
+        for b in 0..CHANGED_MAX as u64 + 10 {
+            st.count(&Key::Block(7, b));
+        }
+        assert!(!st.counts.built && st.counts.changed.is_empty(), "the marks were kept");
+        refresh_counts(&mut st);
+        let kept: Vec<u8> = st.counts.groups.values().flat_map(|g| g.iter().copied()).collect();
+        let mut whole = Appender::with_capacity(0);
+        put_counts(&mut whole, &st);
+        assert!(kept == whole.into_vec(), "the groups differ from the whole encoding");
     }
 
     #[test]
