@@ -33,13 +33,14 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use tally_log::{LogError, Transaction, TxId};
 
 use crate::fs::lock;
 use crate::mutant::FsMutant;
 use crate::record::{Record, DATA_HOLE};
-use crate::state::{Key, State};
+use crate::state::{Cached, Key, State};
 use crate::sync::MutexGuard;
 use crate::types::Ino;
 use crate::{Fs, FsError, Result};
@@ -55,6 +56,13 @@ pub struct FsCleanReport {
     pub records_relocated: u64,
     /// Data blocks copied with them.
     pub data_blocks_relocated: u64,
+}
+
+/// A segment cleaned under the state lock: what was done, and the log's cleaning to finish
+/// with the lock given up ([`Fs::finish_clean`]: the copies made durable, the segment freed).
+pub(crate) struct Cleaned {
+    report: FsCleanReport,
+    pending: Option<tally_log::CleanPending>,
 }
 
 /// Blocks one packed relocation transaction takes at most (records and data), for segments of
@@ -83,8 +91,9 @@ pub(crate) fn cleaning_streams(streams: u16) -> u16 {
     }
 }
 
-/// Relocated keys of one pack and, for data, the block's index in it.
-type Moved = Vec<(Key, Option<u32>)>;
+/// Relocated keys of one pack and, for data, the block's index in it and its bytes (held in
+/// memory once the block map points at the copy, until the copy is durable).
+type Moved = Vec<(Key, Option<(u32, Arc<Vec<u8>>)>)>;
 
 /// Packs, each with the last old transaction it carries records of.
 type Packs = Vec<(TxId, Pack)>;
@@ -173,9 +182,11 @@ impl Fs {
             let Some(ahead) = self.log.oldest_segment_transactions(stream)? else { break };
             let st = lock(&self.state)?;
             self.cleanable(&st)?;
-            let (mut st, mut pre) = self.prepare_unlocked(st, &ahead.1)?;
-            let r = self.clean_one(&mut st, stream, ahead, &mut pre)?;
+            let (mut st, mut pre, turn) = self.prepare_unlocked(st, &ahead.1)?;
+            let cleaned = self.clean_one(&mut st, stream, ahead, &mut pre)?;
             drop(st);
+            let r = self.finish_clean(cleaned)?;
+            drop(turn);
             report.records_read += r.records_read;
             report.records_relocated += r.records_relocated;
             report.data_blocks_relocated += r.data_blocks_relocated;
@@ -218,14 +229,21 @@ impl Fs {
             Ok(None) => return Ok((st, Ok(false))),
             Err(e) => return Ok((st, Err(e))),
         };
-        let (mut st, mut pre) = self.prepare_unlocked(st, &l.txs)?;
+        let (mut st, mut pre, turn) = self.prepare_unlocked(st, &l.txs)?;
         if !st.txns.open.is_empty() {
             return Ok((st, Ok(false)));
         }
         let seg = u64::from(self.segment_blocks);
-        let cleaned = self.clean_one(&mut st, stream, (l.segment, l.txs), &mut pre);
-        let gained = cleaned.map(|r| r.log.segments_freed > 0 || l.live_blocks < seg);
-        Ok((st, gained))
+        let cleaned = match self.clean_one(&mut st, stream, (l.segment, l.txs), &mut pre) {
+            Ok(cleaned) => cleaned,
+            Err(e) => return Ok((st, Err(e))),
+        };
+        // The copies are made durable and the segment freed with the lock given up.
+        drop(st);
+        let finished = self.finish_clean(cleaned);
+        drop(turn);
+        let gained = finished.map(|r| r.log.segments_freed > 0 || l.live_blocks < seg);
+        Ok((lock(&self.state)?, gained))
     }
 
     /// The choice of [`Fs::clean_some`]: the stream whose oldest segment to clean, measured.
@@ -349,19 +367,40 @@ impl Fs {
         PACK_BLOCKS.min((u64::from(self.segment_blocks) / 2).saturating_sub(2)).max(2)
     }
 
-    /// Clean `stream`'s oldest segment, `read` as [`Fs::clean_oldest`] takes it.
+    /// Clean `stream`'s oldest segment, `read` as [`Fs::clean_oldest`] takes it; the caller
+    /// holds the clean turn ([`Fs::prepare_unlocked`]) and, once it has given the state lock
+    /// up, finishes the cleaning ([`Fs::finish_clean`]) before giving the turn up.
     fn clean_one(
         &self,
         st: &mut State,
         stream: u16,
         read: (u32, Vec<tally_log::RecoveredTx>),
         pre: &mut PreRead,
-    ) -> Result<FsCleanReport> {
+    ) -> Result<Cleaned> {
         self.cleanable(st)?;
         if self.log.chain(stream)?.len() < 2 {
-            return Ok(FsCleanReport::default());
+            return Ok(Cleaned { report: FsCleanReport::default(), pending: None });
         }
         self.clean_oldest(st, stream, Some(read), pre)
+    }
+
+    /// The end of a cleaning, with the state lock given up and the clean turn held: the
+    /// relocations made durable (a flush) and the segment freed by the log's checkpoint (a
+    /// superblock write and its flush); then the relocated blocks' bytes, held in memory
+    /// until now, are let go if the state lock is free (else the next durable wait or
+    /// maintenance round does it). Operations go on meanwhile: the block maps already point
+    /// at the copies, read from memory until durable, and the cleaned segment stays in the
+    /// log until its checkpoint, so a crash recovers the records from it or from the copies.
+    /// A failure stops the file system (read-only), the segment not freed.
+    pub(crate) fn finish_clean(&self, cleaned: Cleaned) -> Result<FsCleanReport> {
+        let Cleaned { mut report, pending } = cleaned;
+        if let Some(pending) = pending {
+            report.log = self.log.clean_finish(pending).map_err(|e| self.fail(e))?;
+            if let Ok(mut st) = self.state.try_lock() {
+                self.prune_cache(&mut st);
+            }
+        }
+        Ok(report)
     }
 
     /// Clean `stream`'s oldest segment: its live records are packed into as few transactions
@@ -377,24 +416,23 @@ impl Fs {
         stream: u16,
         read: Option<(u32, Vec<tally_log::RecoveredTx>)>,
         pre: &mut PreRead,
-    ) -> Result<FsCleanReport> {
+    ) -> Result<Cleaned> {
         let mut read = read;
         // Twice at most: a read under the lock is the log's own (nothing changes it meanwhile).
         for _ in 0..2 {
             let mut report = FsCleanReport::default();
             let Some(txs) = self.oldest_transactions(stream, read.take(), pre)? else {
-                return Ok(report);
+                return Ok(Cleaned { report, pending: None });
             };
             let (packs, seen) = self.pack_live(st, stream, &txs, pre, &mut report)?;
-            let Some((log_report, moved)) = self.relocate_packs(st, stream, &txs, packs)? else {
+            let Some((pending, moved)) = self.relocate_packs(st, stream, &txs, packs)? else {
                 // Not the log's transactions (the segment changed since they were read):
                 // nothing was written; read the oldest segment again, under the lock.
                 pre.clear();
                 continue;
             };
-            Self::account_relocations(st, seen, &log_report, moved, &mut report);
-            report.log = log_report;
-            return Ok(report);
+            self.account_relocations(st, seen, pending.relocated(), moved, &mut report);
+            return Ok(Cleaned { report, pending: Some(pending) });
         }
         Err(FsError::corrupted(
             "log cleaning",
@@ -466,8 +504,10 @@ impl Fs {
                 }
                 let rec = match (rec, block) {
                     (Record::Extent { ver, ino, block, crc, .. }, Some(buf)) => {
-                        let idx = open.t.data(buf);
-                        open.moved.push((key, Some(idx)));
+                        // The bytes were checked against `crc` when read.
+                        let buf = Arc::new(buf);
+                        let idx = open.t.data_shared(buf.clone(), crc);
+                        open.moved.push((key, Some((idx, buf))));
                         Record::Extent { ver, ino, block, data: idx, crc }
                     }
                     (rec, _) => {
@@ -489,18 +529,18 @@ impl Fs {
     }
 
     /// Step 3 of [`Fs::clean_oldest`]: the packs handed to the log, which checks that `txs`
-    /// are its oldest segment's transactions (`None`, nothing written, when they are not),
-    /// re-commits the packs, makes them durable and frees the segment; with what each pack
-    /// moved, by the old transaction it was handed with. The log must clean exactly `txs`: if
-    /// it handed fewer to relocate, the file system stops (read-only) before anything else is
-    /// written over what the DRAM state still points at.
+    /// are its oldest segment's transactions (`None`, nothing written, when they are not) and
+    /// re-commits the packs; with what each pack moved, by the old transaction it was handed
+    /// with. Making them durable and freeing the segment is left to [`Fs::finish_clean`],
+    /// with the state lock given up. The log must clean exactly `txs`: if it handed fewer to
+    /// relocate, the file system stops (read-only) and the segment is not freed.
     fn relocate_packs(
         &self,
         st: &mut State,
         stream: u16,
         txs: &[tally_log::RecoveredTx],
         packs: Packs,
-    ) -> Result<Option<(tally_log::CleanReport, MovedBy)>> {
+    ) -> Result<Option<(tally_log::CleanPending, MovedBy)>> {
         let expected: Vec<TxId> = txs.iter().map(|t| t.id).collect();
         let mut handed: HashMap<TxId, Vec<Transaction>> = HashMap::new();
         let mut moved: MovedBy = HashMap::new();
@@ -510,7 +550,7 @@ impl Fs {
         }
         let mut i = 0;
         let to = self.relocation_stream(stream);
-        let log_report = self.log.clean_read_to(stream, txs, to, |rtx| {
+        let pending = self.log.clean_read_to_deferred(stream, txs, to, |rtx| {
             // The log cleans the transactions handed; anything else would leave a pack out.
             if expected.get(i) != Some(&rtx.id) {
                 return Err(LogError::Invalid(format!(
@@ -522,10 +562,11 @@ impl Fs {
             i += 1;
             Ok(handed.remove(&rtx.id).unwrap_or_default())
         })?;
-        let Some(log_report) = log_report else { return Ok(None) };
+        let Some(pending) = pending else { return Ok(None) };
         if i != expected.len() {
-            // The segment is freed without some relocations: stop before anything else is
-            // written over what the DRAM state still points at.
+            // Some relocations are missing: stop before the segment is freed (the pending
+            // cleaning is dropped unfinished) or anything else is written.
+            drop(pending);
             let e = || {
                 let n = expected.len();
                 FsError::corrupted(
@@ -536,34 +577,45 @@ impl Fs {
             st.failed.get_or_insert_with(|| std::sync::Arc::new(e()));
             return Err(e());
         }
-        Ok(Some((log_report, moved)))
+        Ok(Some((pending, moved)))
     }
 
     /// Step 4 of [`Fs::clean_oldest`]: the DRAM state follows the move — every key read is
     /// counted again where it now is (relocated data blocks get their new address and
-    /// transaction), and tombstones of keys no longer in the log are forgotten.
+    /// transaction, and their bytes are held in memory until the copy is durable, as a
+    /// write's are: reads meanwhile must not go to the device), and tombstones of keys no
+    /// longer in the log are forgotten.
     fn account_relocations(
+        &self,
         st: &mut State,
         seen: Vec<Key>,
-        log_report: &tally_log::CleanReport,
+        relocated: &[(TxId, tally_log::CommitInfo)],
         mut moved: MovedBy,
         report: &mut FsCleanReport,
     ) {
         for k in &seen {
             st.uncount(k);
         }
-        for (old, info) in &log_report.relocated {
+        for (old, info) in relocated {
             let pack = moved.get_mut(old).and_then(std::collections::VecDeque::pop_front);
-            for (key, idx) in pack.unwrap_or_default() {
+            for (key, data) in pack.unwrap_or_default() {
                 st.count(&key);
                 report.records_relocated += 1;
-                if let (Key::Block(ino, b), Some(idx)) = (&key, idx) {
+                if let (Key::Block(ino, b), Some((idx, bytes))) = (&key, data) {
                     report.data_blocks_relocated += 1;
-                    if let Some(block) = st.inodes.get_mut(ino).and_then(|i| i.blocks.get_mut(b)) {
-                        st.usage.remove(block);
-                        block.addr = info.data_start + u64::from(idx);
-                        block.tx = Some(info.ticket);
-                        st.usage.add(block);
+                    let Some(block) = st.inodes.get_mut(ino).and_then(|i| i.blocks.get_mut(b))
+                    else {
+                        continue;
+                    };
+                    st.usage.remove(block);
+                    block.addr = info.data_start + u64::from(idx);
+                    block.tx = Some(info.ticket);
+                    st.usage.add(block);
+                    if self.mutant != Some(FsMutant::RelocatedReadEarly) {
+                        block.data = Some(bytes);
+                        let c = Cached { tx: info.ticket, ino: *ino, block: *b, ver: block.ver };
+                        st.cached.push(c);
+                        st.cached_bytes += self.bs as usize;
                     }
                 }
             }
@@ -707,20 +759,22 @@ impl Fs {
         pre
     }
 
-    /// Before cleaning the segment of `txs` (chosen under `st`): give the state lock up, make
-    /// the log durable (so the durable wait cleaning makes under the lock — the flush before
-    /// the log's checkpoint frees the segment — covers only what is committed meanwhile and
-    /// the relocations) and read the live data blocks, then take the lock again.
+    /// Before cleaning the segment of `txs` (chosen under `st`): give the state lock up, take
+    /// the clean turn (one cleaning at a time, until [`Fs::finish_clean`]), make the log
+    /// durable (so the flush that finishes the cleaning covers only the relocations and what
+    /// is committed meanwhile) and read the live data blocks, then take the lock again.
+    /// Returns the lock, the blocks read and the turn.
     fn prepare_unlocked<'a>(
         &'a self,
         st: MutexGuard<'a, State>,
         txs: &[tally_log::RecoveredTx],
-    ) -> Result<(MutexGuard<'a, State>, PreRead)> {
+    ) -> Result<(MutexGuard<'a, State>, PreRead, MutexGuard<'a, ()>)> {
         let mut wanted = Self::live_blocks_wanted(&st, txs);
         drop(st);
+        let turn = self.clean_turn.lock().map_err(|_| FsError::Poisoned)?;
         self.log.sync().map_err(|e| self.fail(e))?;
         let pre = self.read_ahead_unlocked(&mut wanted);
-        Ok((lock(&self.state)?, pre))
+        Ok((lock(&self.state)?, pre, turn))
     }
 }
 
@@ -863,7 +917,7 @@ impl Fs {
                 let measured = self.measure_oldest(&mut st, stream, Some(ahead));
                 held += taken.elapsed();
                 let Some(read) = measured? else { break };
-                let (mut st, mut pre) = self.prepare_unlocked(st, &read.1)?;
+                let (mut st, mut pre, turn) = self.prepare_unlocked(st, &read.1)?;
                 // A transaction opened while the lock was given up: cleaning waits for a round
                 // without one (`clean_one` would say `EBUSY`).
                 if !st.txns.open.is_empty() {
@@ -873,6 +927,9 @@ impl Fs {
                 let before = self.log.free_segments();
                 let cleaned = self.clean_one(&mut st, stream, read, &mut pre);
                 held += taken.elapsed();
+                drop(st);
+                let cleaned = cleaned.and_then(|c| self.finish_clean(c));
+                drop(turn);
                 match cleaned {
                     Ok(_) => {
                         report.mostly_dead_cleaned += 1;
@@ -894,7 +951,7 @@ impl Fs {
             // The head's records are read with the lock given up (`Fs::choose_head`).
             let (st, chosen) = self.choose_head(st, MAINTAIN_MAX_LIVE_PERCENT)?;
             let Some((stream, l)) = chosen? else { break };
-            let (mut st, mut pre) = self.prepare_unlocked(st, &l.txs)?;
+            let (mut st, mut pre, turn) = self.prepare_unlocked(st, &l.txs)?;
             if !st.txns.open.is_empty() {
                 break;
             }
@@ -902,6 +959,9 @@ impl Fs {
             let before = self.log.free_segments();
             let cleaned = self.clean_one(&mut st, stream, (l.segment, l.txs), &mut pre);
             held += taken.elapsed();
+            drop(st);
+            let cleaned = cleaned.and_then(|c| self.finish_clean(c));
+            drop(turn);
             match cleaned {
                 // As `Fs::clean_some`: a head less than full gains blocks.
                 Ok(r) if r.log.segments_freed > 0 || l.live_blocks < seg => {
@@ -1159,6 +1219,11 @@ mod tests {
         cv: std::sync::Condvar,
         fs: std::sync::OnceLock<std::sync::Weak<Fs>>,
         locked_reads: std::sync::atomic::AtomicU64,
+        /// Once set (and watching a file system): writes submitted while its state lock is
+        /// held stay in flight — a read of their blocks sees what was there before — and the
+        /// next flush is held (as an armed read is) until released, then lands them.
+        slow_writes: std::sync::atomic::AtomicBool,
+        in_flight: std::sync::Mutex<std::collections::HashSet<u64>>,
     }
 
     impl Gate {
@@ -1171,6 +1236,8 @@ mod tests {
                 cv: std::sync::Condvar::new(),
                 fs: std::sync::OnceLock::new(),
                 locked_reads: std::sync::atomic::AtomicU64::new(0),
+                slow_writes: std::sync::atomic::AtomicBool::new(false),
+                in_flight: std::sync::Mutex::new(std::collections::HashSet::new()),
             })
         }
 
@@ -1202,6 +1269,17 @@ mod tests {
             self.inner.geometry()
         }
         fn read(&self, block: u64, buf: &mut [u8]) -> tally_media::Result<()> {
+            let bs = self.inner.geometry().block_size as usize;
+            let blocks = (buf.len() / bs.max(1)) as u64;
+            let landed = {
+                let f = self.in_flight.lock().unwrap();
+                (block..block + blocks).all(|b| !f.contains(&b))
+            };
+            if !landed {
+                // What the block held before the write in flight: never written here.
+                buf.fill(0);
+                return Ok(());
+            }
             if let Some(fs) = self.fs.get().and_then(std::sync::Weak::upgrade) {
                 if matches!(fs.state.try_lock(), Err(std::sync::TryLockError::WouldBlock)) {
                     self.locked_reads.fetch_add(1, SeqCst);
@@ -1225,12 +1303,34 @@ mod tests {
             writes: Vec<tally_media::Write>,
             flags: tally_media::WriteFlags,
         ) -> tally_media::Result<tally_media::Ticket> {
+            if self.slow_writes.load(SeqCst) {
+                if let Some(fs) = self.fs.get().and_then(std::sync::Weak::upgrade) {
+                    if matches!(fs.state.try_lock(), Err(std::sync::TryLockError::WouldBlock)) {
+                        let bs = u64::from(self.inner.geometry().block_size);
+                        let mut f = self.in_flight.lock().unwrap();
+                        for w in &writes {
+                            let n = (w.data.len() as u64).div_ceil(bs);
+                            f.extend(w.block..w.block + n);
+                        }
+                    }
+                }
+            }
             self.inner.submit(writes, flags)
         }
         fn wait(&self, ticket: tally_media::Ticket) -> tally_media::Result<()> {
             self.inner.wait(ticket)
         }
         fn flush(&self) -> tally_media::Result<()> {
+            if !self.in_flight.lock().unwrap().is_empty() {
+                let mut g = self.state.lock().unwrap();
+                g.0 = true;
+                self.cv.notify_all();
+                while !g.1 {
+                    g = self.cv.wait(g).unwrap();
+                }
+                drop(g);
+                self.in_flight.lock().unwrap().clear();
+            }
             self.inner.flush()
         }
         fn stats(&self) -> tally_media::DeviceStats {
@@ -1462,6 +1562,84 @@ mod tests {
     /// `Fs::clean` (on demand, `tally clean`) gives the state lock up while it reads: while
     /// its first read (the oldest segment's records) is held, a create and a write go on;
     /// the segment is cleaned, and the files read back the same before and after a remount.
+    /// Cleaning on demand of a segment with `mutant`, its flush held at the device (and its
+    /// relocations' writes in flight) while the moved blocks are read and another file is
+    /// written: `Err` says what went wrong.
+    fn clean_with_its_flush_held(mutant: Option<crate::FsMutant>) -> Result<(), String> {
+        let gate = Gate::new(4096);
+        let dev: Arc<dyn Device> = gate.clone();
+        Fs::mkfs(dev.clone(), &MkfsOptions { streams: 1, segment_blocks: 64, uuid: None }).unwrap();
+        let opts = MountOptions { mutant, ..MountOptions::default() };
+        let fs = Arc::new(Fs::mount(dev, opts).unwrap());
+        let a = fs.create(None, ROOT, b"a", 0o644, ME).unwrap().ino;
+        fs.write(None, a, 0, &[1; 40 * 4096]).unwrap();
+        let b = fs.create(None, ROOT, b"b", 0o644, ME).unwrap().ino;
+        fs.write(None, b, 0, &[2; 40 * 4096]).unwrap();
+        fs.write(None, a, 4096, &[3; 39 * 4096]).unwrap();
+        fs.sync().unwrap();
+        let want_a: Vec<u8> = [vec![1; 4096], vec![3; 39 * 4096]].concat();
+        gate.watch(&fs);
+        gate.slow_writes.store(true, SeqCst);
+        let cleaner = {
+            let fs = fs.clone();
+            std::thread::spawn(move || fs.clean(0, 1))
+        };
+        gate.wait_held(5, "cleaning made no flush with its relocations in flight");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let other = fs.clone();
+        std::thread::spawn(move || {
+            let read = (other.read(a, 0, 40 * 4096), other.read(b, 0, 40 * 4096));
+            let c = other.create(None, ROOT, b"c", 0o644, ME).unwrap().ino;
+            other.write(None, c, 0, &[4; 4096]).unwrap();
+            let _ = tx.send(read);
+        });
+        let meanwhile = rx.recv_timeout(std::time::Duration::from_secs(5));
+        gate.release();
+        let report = cleaner.join().unwrap().map_err(|e| format!("cleaning failed: {e}"))?;
+        if report.log.segments_freed == 0 || report.data_blocks_relocated == 0 {
+            return Err(format!("nothing moved or freed: {report:?}"));
+        }
+        let (ra, rb) = meanwhile.map_err(|_| "operations waited for cleaning's flush")?;
+        if !(ra.as_ref().is_ok_and(|r| *r == want_a)
+            && rb.as_ref().is_ok_and(|r| *r == [2; 40 * 4096]))
+        {
+            let show = |r: &crate::Result<Vec<u8>>| match r {
+                Ok(v) => format!("{} bytes, first {:?}", v.len(), v.first()),
+                Err(e) => e.to_string(),
+            };
+            return Err(format!("moved blocks read meanwhile: a {}, b {}", show(&ra), show(&rb)));
+        }
+        gate.slow_writes.store(false, SeqCst);
+        assert_eq!(fs.read(a, 0, 40 * 4096).unwrap(), want_a, "after the cleaning");
+        assert_eq!(fs.read(b, 0, 40 * 4096).unwrap(), vec![2; 40 * 4096]);
+        fs.sync().unwrap();
+        assert!(fs.fsck().is_clean());
+        let dev = fs.log.device().clone();
+        drop(fs);
+        let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+        assert_eq!(fs.read(a, 0, 40 * 4096).unwrap(), want_a, "after the remount");
+        assert_eq!(fs.read(b, 0, 40 * 4096).unwrap(), vec![2; 40 * 4096]);
+        assert!(fs.fsck().is_clean());
+        Ok(())
+    }
+
+    /// Cleaning's flush and the log's checkpoint that frees the segment happen with the state
+    /// lock given up (`Fs::finish_clean`): while they are held at the device, the blocks just
+    /// moved read right (from memory: their copies' writes have not landed) and another file
+    /// is created and written. Fails with the flush under the lock (operations wait) and with
+    /// [`crate::FsMutant::RelocatedReadEarly`] (the moved blocks read from the device).
+    #[test]
+    fn a_cleanings_flush_holds_no_one_up() {
+        clean_with_its_flush_held(None).unwrap();
+    }
+
+    #[cfg_attr(not(feature = "mutants"), ignore = "needs the mutants feature")]
+    #[test]
+    fn the_relocated_read_early_mutant_is_caught() {
+        let e = clean_with_its_flush_held(Some(crate::FsMutant::RelocatedReadEarly));
+        assert!(e.is_err(), "mutant not caught");
+    }
+
     #[test]
     fn clean_on_demand_reads_without_the_state_lock() {
         let gate = Gate::new(4096);

@@ -47,6 +47,12 @@ pub enum FsMutant {
     /// checkpoints); the unit test `fs::tests::a_slow_maintenance_thread_leaves_replay_bounded`
     /// must catch it.
     CheckpointLeftToMaintenance,
+    /// Cleaning points a moved block's map entry at its copy without holding the block's
+    /// bytes in memory until the copy is durable: a read while the cleaning's flush is under
+    /// way goes to the device before the copy has reached it. Not in [`FsMutant::ALL`] (the
+    /// explorer's reads do not race a cleaning); the unit test
+    /// `clean::tests::a_cleanings_flush_holds_no_one_up` must catch it.
+    RelocatedReadEarly,
 }
 
 impl FsMutant {
@@ -76,6 +82,7 @@ impl FsMutant {
             FsMutant::CheckpointTombstoneDropped => "checkpoint-tombstone-dropped",
             FsMutant::NamespaceNotOrdered => "namespace-not-ordered",
             FsMutant::CheckpointLeftToMaintenance => "checkpoint-left-to-maintenance",
+            FsMutant::RelocatedReadEarly => "relocated-read-early",
         }
     }
 
@@ -89,6 +96,7 @@ impl FsMutant {
                 FsMutant::BarrierKeepsOldest,
                 FsMutant::CheckpointTombstoneDropped,
                 FsMutant::CheckpointLeftToMaintenance,
+                FsMutant::RelocatedReadEarly,
             ])
             .find(|m| m.name() == name)
     }

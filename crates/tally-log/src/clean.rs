@@ -16,7 +16,8 @@
 //!   so no crash image has the old segments gone and the copies missing
 //!   ([`Mutant::RelocationNotDurable`] waits only for the cleaned stream, and is caught);
 //! - a relocated transaction has no dependencies of its own, and is durable before cleaning
-//!   returns (so a later dependency on it is met at once); a dependency on a cleaned
+//!   returns ([`Log::clean_finish`] for a cleaning in two steps; so a later dependency on it
+//!   is met at once, or is an ordinary one meanwhile); a dependency on a cleaned
 //!   transaction is met by the checkpoint (it is at or below it), as before;
 //! - a checkpoint of the cleaned stream covers its transactions up to `upto`, nothing on the
 //!   target: the copies are ordinary transactions of the target's prefix, replayed (by
@@ -50,6 +51,28 @@ pub struct CleanReport {
     /// Bytes the device wrote while cleaning (relocations, flushes' superblock): the cost side
     /// of write amplification.
     pub bytes_written: u64,
+}
+
+/// A cleaning whose relocations are committed but not yet made durable, nor the cleaned
+/// segments freed ([`Log::clean_read_to_deferred`]); [`Log::clean_finish`] ends it. Until
+/// then the cleaned segments stay in the log, so a crash recovers the records from them (or
+/// from the copies, by version). The copies are written like any commit, but a reader must
+/// not take them from the device before they are durable.
+#[derive(Debug)]
+#[must_use = "a cleaning frees nothing until clean_finish"]
+pub struct CleanPending {
+    stream: u16,
+    upto: u64,
+    before: tally_media::DeviceStats,
+    report: CleanReport,
+}
+
+impl CleanPending {
+    /// Each relocated transaction and where the transaction carrying its records landed, as
+    /// [`CleanReport::relocated`].
+    pub fn relocated(&self) -> &[(TxId, CommitInfo)] {
+        &self.report.relocated
+    }
 }
 
 impl Log {
@@ -317,6 +340,32 @@ impl Log {
     where
         F: FnMut(&RecoveredTx) -> Result<Vec<Transaction>>,
     {
+        match self.clean_read_to_deferred(stream, read, target, relocate)? {
+            Some(pending) => self.clean_finish(pending).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// [`Log::clean_read_to`] in two steps: this one checks `read` and commits the
+    /// relocations (their writes submitted, not waited for); [`Log::clean_finish`] makes them
+    /// durable and frees the segment. The caller can switch its index to the copies between
+    /// the two, with its own locks held, and wait for the device in the second with them
+    /// given up, as long as it keeps reading the copies from memory until `clean_finish`
+    /// returns and starts no other cleaning of `stream` meanwhile (the segment is still the
+    /// stream's oldest, and would be relocated twice).
+    ///
+    /// # Errors
+    /// As [`Log::clean_split_to`]; on an error nothing is left to finish.
+    pub fn clean_read_to_deferred<F>(
+        &self,
+        stream: u16,
+        read: &[RecoveredTx],
+        target: u16,
+        relocate: F,
+    ) -> Result<Option<CleanPending>>
+    where
+        F: FnMut(&RecoveredTx) -> Result<Vec<Transaction>>,
+    {
         let st = self.cleaned_stream(stream, target)?;
         let before = self.dev.stats();
         let placed: Vec<u64> = {
@@ -342,7 +391,7 @@ impl Log {
         if !same && !self.mutant(Mutant::CleanReadUnchecked) {
             return Ok(None);
         }
-        self.relocate_and_checkpoint(stream, target, upto, read, relocate, before).map(Some)
+        self.relocate(stream, target, upto, read, relocate, before).map(Some)
     }
 
     /// The common tail of [`Log::clean_split_to`] and [`Log::clean_read_to`]: `txs` (stream
@@ -355,9 +404,27 @@ impl Log {
         target: u16,
         upto: u64,
         txs: &[RecoveredTx],
-        mut relocate: F,
+        relocate: F,
         before: tally_media::DeviceStats,
     ) -> Result<CleanReport>
+    where
+        F: FnMut(&RecoveredTx) -> Result<Vec<Transaction>>,
+    {
+        let pending = self.relocate(stream, target, upto, txs, relocate, before)?;
+        self.clean_finish(pending)
+    }
+
+    /// The first step of [`Log::relocate_and_checkpoint`]: the relocations planned and
+    /// committed (all or none: `NoSpace` with nothing written when they do not fit).
+    fn relocate<F>(
+        &self,
+        stream: u16,
+        target: u16,
+        upto: u64,
+        txs: &[RecoveredTx],
+        mut relocate: F,
+        before: tally_media::DeviceStats,
+    ) -> Result<CleanPending>
     where
         F: FnMut(&RecoveredTx) -> Result<Vec<Transaction>>,
     {
@@ -382,6 +449,19 @@ impl Log {
             report.relocated.push((old, info));
             report.transactions_relocated += 1;
         }
+        Ok(CleanPending { stream, upto, before, report })
+    }
+
+    /// The second step of a cleaning ([`Log::clean_read_to_deferred`]): the relocations made
+    /// durable — on every stream, with whatever else was committed meanwhile — and the cleaned
+    /// stream checkpointed at the last transaction cleaned, which frees its segments (unless
+    /// a checkpoint snapshot taken meanwhile has already moved past them).
+    ///
+    /// # Errors
+    /// I/O errors (the log has failed: the cleaned segments stay, the copies may be lost, and
+    /// recovery finds the records in one or the other).
+    pub fn clean_finish(&self, pending: CleanPending) -> Result<CleanReport> {
+        let CleanPending { stream, upto, before, mut report } = pending;
         let free_before = self.free_segments();
         if self.mutant(Mutant::RelocationNotDurable) {
             // The mutant makes only the cleaned stream durable, as if the copies were on it.

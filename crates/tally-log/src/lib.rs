@@ -68,7 +68,7 @@ mod writeback;
 pub use api::{
     CommitInfo, CommitMode, LogConfig, LogStats, OpenOptions, SegmentUsage, Transaction,
 };
-pub use clean::CleanReport;
+pub use clean::{CleanPending, CleanReport};
 pub use engine::Log;
 pub use error::{LogError, Result};
 pub use format::body::{Run, RunRole, TxId};

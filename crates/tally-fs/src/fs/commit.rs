@@ -397,7 +397,10 @@ impl Fs {
                 queue.pop_front();
                 *cached_bytes = cached_bytes.saturating_sub(bs);
                 if let Some(b) = inodes.get_mut(&c.ino).and_then(|i| i.blocks.get_mut(&c.block)) {
-                    if b.ver == c.ver {
+                    // The same version and the same copy: cleaning moves a block (same
+                    // version, another transaction) and holds it again until the move is
+                    // durable (`clean.rs`); the entry of the write it moved must not drop it.
+                    if b.ver == c.ver && b.tx == Some(c.tx) {
                         b.data = None;
                     }
                 }
