@@ -61,6 +61,7 @@ pub struct FsCleanReport {
 /// A segment cleaned under the state lock: what was done, and the log's cleaning to finish
 /// with the lock given up ([`Fs::finish_clean`]: the copies made durable, the segment freed).
 pub(crate) struct Cleaned {
+    stream: u16,
     report: FsCleanReport,
     pending: Option<tally_log::CleanPending>,
 }
@@ -182,11 +183,11 @@ impl Fs {
             let Some(ahead) = self.log.oldest_segment_transactions(stream)? else { break };
             let st = lock(&self.state)?;
             self.cleanable(&st)?;
-            let (mut st, mut pre, turn) = self.prepare_unlocked(st, &ahead.1)?;
+            let (mut st, mut pre) = self.prepare_unlocked(st, &ahead.1)?;
             let cleaned = self.clean_one(&mut st, stream, ahead, &mut pre)?;
+            let (st, r) = self.finish_clean_after(st, cleaned);
             drop(st);
-            let r = self.finish_clean(cleaned)?;
-            drop(turn);
+            let r = r?;
             report.records_read += r.records_read;
             report.records_relocated += r.records_relocated;
             report.data_blocks_relocated += r.data_blocks_relocated;
@@ -229,7 +230,7 @@ impl Fs {
             Ok(None) => return Ok((st, Ok(false))),
             Err(e) => return Ok((st, Err(e))),
         };
-        let (mut st, mut pre, turn) = self.prepare_unlocked(st, &l.txs)?;
+        let (mut st, mut pre) = self.prepare_unlocked(st, &l.txs)?;
         if !st.txns.open.is_empty() {
             return Ok((st, Ok(false)));
         }
@@ -238,12 +239,13 @@ impl Fs {
             Ok(cleaned) => cleaned,
             Err(e) => return Ok((st, Err(e))),
         };
-        // The copies are made durable and the segment freed with the lock given up.
-        drop(st);
-        let finished = self.finish_clean(cleaned);
-        drop(turn);
+        let (st, finished) = self.finish_clean_after(st, cleaned);
+        let st = match st {
+            Some(st) => st,
+            None => lock(&self.state)?,
+        };
         let gained = finished.map(|r| r.log.segments_freed > 0 || l.live_blocks < seg);
-        Ok((lock(&self.state)?, gained))
+        Ok((st, gained))
     }
 
     /// The choice of [`Fs::clean_some`]: the stream whose oldest segment to clean, measured.
@@ -368,8 +370,9 @@ impl Fs {
     }
 
     /// Clean `stream`'s oldest segment, `read` as [`Fs::clean_oldest`] takes it; the caller
-    /// holds the clean turn ([`Fs::prepare_unlocked`]) and, once it has given the state lock
-    /// up, finishes the cleaning ([`Fs::finish_clean`]) before giving the turn up.
+    /// finishes the cleaning ([`Fs::finish_clean_after`]). Nothing is cleaned while a cleaning
+    /// of `stream` is finishing with the state lock given up: its segment is still the
+    /// stream's oldest, and would be relocated again.
     fn clean_one(
         &self,
         st: &mut State,
@@ -378,29 +381,79 @@ impl Fs {
         pre: &mut PreRead,
     ) -> Result<Cleaned> {
         self.cleanable(st)?;
-        if self.log.chain(stream)?.len() < 2 {
-            return Ok(Cleaned { report: FsCleanReport::default(), pending: None });
+        let finishing = self
+            .clean_finishing
+            .get(usize::from(stream))
+            .is_some_and(|f| f.load(Ordering::Acquire));
+        if finishing || self.log.chain(stream)?.len() < 2 {
+            return Ok(Cleaned { stream, report: FsCleanReport::default(), pending: None });
         }
         self.clean_oldest(st, stream, Some(read), pre)
     }
 
-    /// The end of a cleaning, with the state lock given up and the clean turn held: the
-    /// relocations made durable (a flush) and the segment freed by the log's checkpoint (a
+    /// The end of a cleaning, with the state lock given up (and the stream marked finishing,
+    /// [`Fs::finish_clean_after`]): the relocations made durable (a flush) and the segment freed by the log's checkpoint (a
     /// superblock write and its flush); then the relocated blocks' bytes, held in memory
     /// until now, are let go if the state lock is free (else the next durable wait or
     /// maintenance round does it). Operations go on meanwhile: the block maps already point
     /// at the copies, read from memory until durable, and the cleaned segment stays in the
     /// log until its checkpoint, so a crash recovers the records from it or from the copies.
     /// A failure stops the file system (read-only), the segment not freed.
-    pub(crate) fn finish_clean(&self, cleaned: Cleaned) -> Result<FsCleanReport> {
-        let Cleaned { mut report, pending } = cleaned;
+    fn finish_clean(&self, cleaned: Cleaned) -> Result<FsCleanReport> {
+        let Cleaned { stream, mut report, pending } = cleaned;
         if let Some(pending) = pending {
-            report.log = self.log.clean_finish(pending).map_err(|e| self.fail(e))?;
+            let finished = self.log.clean_finish(pending);
+            if let Some(f) = self.clean_finishing.get(usize::from(stream)) {
+                f.store(false, Ordering::Release);
+            }
+            report.log = finished.map_err(|e| self.fail(e))?;
             if let Ok(mut st) = self.state.try_lock() {
                 self.prune_cache(&mut st);
             }
         }
         Ok(report)
+    }
+
+    /// Finish `cleaned` after [`Fs::clean_one`] under `st`: with the lock given up
+    /// ([`Fs::finish_clean`]; returns `None` for the lock) unless space is low (less than
+    /// [`CLEAN_BELOW_FREE_PERCENT`] of the segments free), when it is finished under the
+    /// lock, as all cleaning was until 28 Nov, and the lock is returned. While space is low,
+    /// cleaning is what the operations are waiting for, and several cleaners (the maintenance
+    /// thread, operations short of space) clean side by side; giving the lock up for the
+    /// flush made each stream's cleanings wait for one another (a turn per stream, measured
+    /// on issue 16's mixed run, a 90 %-full image: the appenders' p99 beside the cleaner about
+    /// 1.5x higher; docs/bench/fs.md, 28 Nov).
+    fn finish_clean_after<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        cleaned: Cleaned,
+    ) -> (Option<MutexGuard<'a, State>>, Result<FsCleanReport>) {
+        let seg = u64::from(self.segment_blocks);
+        let total = self.log.device().geometry().block_count / seg.max(1);
+        let low = u64::from(self.log.free_segments()) * 100 < total * CLEAN_BELOW_FREE_PERCENT;
+        if !low {
+            if cleaned.pending.is_some() {
+                // Set under the lock the relocations were committed under: a cleaning that
+                // takes it next sees the segment is not to be cleaned again (`clean_one`).
+                if let Some(f) = self.clean_finishing.get(usize::from(cleaned.stream)) {
+                    f.store(true, Ordering::Release);
+                }
+            }
+            drop(st);
+            return (None, self.finish_clean(cleaned));
+        }
+        let Cleaned { mut report, pending, .. } = cleaned;
+        if let Some(pending) = pending {
+            match self.log.clean_finish(pending) {
+                Ok(r) => report.log = r,
+                Err(e) => {
+                    let e = Fs::fail_locked(&mut st, e);
+                    return (Some(st), Err(e));
+                }
+            }
+            self.prune_cache(&mut st);
+        }
+        (Some(st), Ok(report))
     }
 
     /// Clean `stream`'s oldest segment: its live records are packed into as few transactions
@@ -422,7 +475,7 @@ impl Fs {
         for _ in 0..2 {
             let mut report = FsCleanReport::default();
             let Some(txs) = self.oldest_transactions(stream, read.take(), pre)? else {
-                return Ok(Cleaned { report, pending: None });
+                return Ok(Cleaned { stream, report, pending: None });
             };
             let (packs, seen) = self.pack_live(st, stream, &txs, pre, &mut report)?;
             let Some((pending, moved)) = self.relocate_packs(st, stream, &txs, packs)? else {
@@ -432,7 +485,7 @@ impl Fs {
                 continue;
             };
             self.account_relocations(st, seen, pending.relocated(), moved, &mut report);
-            return Ok(Cleaned { report, pending: Some(pending) });
+            return Ok(Cleaned { stream, report, pending: Some(pending) });
         }
         Err(FsError::corrupted(
             "log cleaning",
@@ -759,22 +812,20 @@ impl Fs {
         pre
     }
 
-    /// Before cleaning the segment of `txs` (chosen under `st`): give the state lock up, take
-    /// the clean turn (one cleaning at a time, until [`Fs::finish_clean`]), make the log
-    /// durable (so the flush that finishes the cleaning covers only the relocations and what
-    /// is committed meanwhile) and read the live data blocks, then take the lock again.
-    /// Returns the lock, the blocks read and the turn.
+    /// Before cleaning the segment of `txs` (chosen under `st`): give the state lock up, make
+    /// the log durable (so the flush that finishes the cleaning covers only the relocations
+    /// and what is committed meanwhile) and read the live data blocks, then take the lock
+    /// again.
     fn prepare_unlocked<'a>(
         &'a self,
         st: MutexGuard<'a, State>,
         txs: &[tally_log::RecoveredTx],
-    ) -> Result<(MutexGuard<'a, State>, PreRead, MutexGuard<'a, ()>)> {
+    ) -> Result<(MutexGuard<'a, State>, PreRead)> {
         let mut wanted = Self::live_blocks_wanted(&st, txs);
         drop(st);
-        let turn = self.clean_turn.lock().map_err(|_| FsError::Poisoned)?;
         self.log.sync().map_err(|e| self.fail(e))?;
         let pre = self.read_ahead_unlocked(&mut wanted);
-        Ok((lock(&self.state)?, pre, turn))
+        Ok((lock(&self.state)?, pre))
     }
 }
 
@@ -917,7 +968,7 @@ impl Fs {
                 let measured = self.measure_oldest(&mut st, stream, Some(ahead));
                 held += taken.elapsed();
                 let Some(read) = measured? else { break };
-                let (mut st, mut pre, turn) = self.prepare_unlocked(st, &read.1)?;
+                let (mut st, mut pre) = self.prepare_unlocked(st, &read.1)?;
                 // A transaction opened while the lock was given up: cleaning waits for a round
                 // without one (`clean_one` would say `EBUSY`).
                 if !st.txns.open.is_empty() {
@@ -926,10 +977,12 @@ impl Fs {
                 let taken = std::time::Instant::now();
                 let before = self.log.free_segments();
                 let cleaned = self.clean_one(&mut st, stream, read, &mut pre);
-                held += taken.elapsed();
+                let (st, cleaned) = match cleaned {
+                    Ok(c) => self.finish_clean_after(st, c),
+                    Err(e) => (Some(st), Err(e)),
+                };
                 drop(st);
-                let cleaned = cleaned.and_then(|c| self.finish_clean(c));
-                drop(turn);
+                held += taken.elapsed();
                 match cleaned {
                     Ok(_) => {
                         report.mostly_dead_cleaned += 1;
@@ -951,17 +1004,19 @@ impl Fs {
             // The head's records are read with the lock given up (`Fs::choose_head`).
             let (st, chosen) = self.choose_head(st, MAINTAIN_MAX_LIVE_PERCENT)?;
             let Some((stream, l)) = chosen? else { break };
-            let (mut st, mut pre, turn) = self.prepare_unlocked(st, &l.txs)?;
+            let (mut st, mut pre) = self.prepare_unlocked(st, &l.txs)?;
             if !st.txns.open.is_empty() {
                 break;
             }
             let taken = std::time::Instant::now();
             let before = self.log.free_segments();
             let cleaned = self.clean_one(&mut st, stream, (l.segment, l.txs), &mut pre);
-            held += taken.elapsed();
+            let (st, cleaned) = match cleaned {
+                Ok(c) => self.finish_clean_after(st, c),
+                Err(e) => (Some(st), Err(e)),
+            };
             drop(st);
-            let cleaned = cleaned.and_then(|c| self.finish_clean(c));
-            drop(turn);
+            held += taken.elapsed();
             match cleaned {
                 // As `Fs::clean_some`: a head less than full gains blocks.
                 Ok(r) if r.log.segments_freed > 0 || l.live_blocks < seg => {
@@ -1203,7 +1258,7 @@ mod tests {
     use tally_media::{Device, MemDevice};
 
     use super::cleaning_streams;
-    use crate::{Fs, MkfsOptions, MountOptions, Owner, ROOT};
+    use crate::{Fs, FsError, MkfsOptions, MountOptions, Owner, ROOT};
 
     const ME: Owner = Owner { uid: 1000, gid: 1000 };
 
@@ -1591,7 +1646,18 @@ mod tests {
             let read = (other.read(a, 0, 40 * 4096), other.read(b, 0, 40 * 4096));
             let c = other.create(None, ROOT, b"c", 0o644, ME).unwrap().ino;
             other.write(None, c, 0, &[4; 4096]).unwrap();
-            let _ = tx.send(read);
+            // The segment being finished is still the stream's oldest: a cleaning that takes
+            // the lock now (as `maintain` or low-space cleaning would, once past their device
+            // reads, which wait for the held flush here) must not relocate it again.
+            let again =
+                other.log.oldest_segment_transactions(0).map_err(FsError::from).and_then(|ahead| {
+                    let ahead = ahead.ok_or(FsError::Invalid("no oldest segment"))?;
+                    let mut st = other.state.lock().unwrap();
+                    let mut pre = super::PreRead::new();
+                    let again = other.clean_one(&mut st, 0, ahead, &mut pre)?;
+                    Ok((again.report.records_relocated, again.pending.is_some()))
+                });
+            let _ = tx.send((read, again));
         });
         let meanwhile = rx.recv_timeout(std::time::Duration::from_secs(5));
         gate.release();
@@ -1599,7 +1665,10 @@ mod tests {
         if report.log.segments_freed == 0 || report.data_blocks_relocated == 0 {
             return Err(format!("nothing moved or freed: {report:?}"));
         }
-        let (ra, rb) = meanwhile.map_err(|_| "operations waited for cleaning's flush")?;
+        let ((ra, rb), again) = meanwhile.map_err(|_| "operations waited for cleaning's flush")?;
+        if !matches!(again, Ok((0, false))) {
+            return Err(format!("a second cleaning meanwhile relocated {again:?} records"));
+        }
         if !(ra.as_ref().is_ok_and(|r| *r == want_a)
             && rb.as_ref().is_ok_and(|r| *r == [2; 40 * 4096]))
         {
@@ -1624,9 +1693,11 @@ mod tests {
     }
 
     /// Cleaning's flush and the log's checkpoint that frees the segment happen with the state
-    /// lock given up (`Fs::finish_clean`): while they are held at the device, the blocks just
-    /// moved read right (from memory: their copies' writes have not landed) and another file
-    /// is created and written. Fails with the flush under the lock (operations wait) and with
+    /// lock given up while space is not low (`Fs::finish_clean_after`): while they are held at
+    /// the device, the blocks just moved read right (from memory: their copies' writes have
+    /// not landed), another file is created and written, and a second cleaning of the stream
+    /// relocates nothing. Fails with the flush under the lock (operations wait), without the
+    /// stream marked finishing (the segment relocated twice), and with
     /// [`crate::FsMutant::RelocatedReadEarly`] (the moved blocks read from the device).
     #[test]
     fn a_cleanings_flush_holds_no_one_up() {

@@ -147,12 +147,12 @@ pub struct Fs {
     cv: Condvar,
     /// Held by the one thread cleaning because space is low ([`Fs::clean_for_space`]).
     cleaner: Mutex<()>,
-    /// Held by the one thread cleaning a segment, from before its live blocks are read (with
-    /// the state lock given up) until its relocations are durable and the segment freed
-    /// (`clean.rs`, `Fs::finish_clean`, with the state lock given up again): a segment whose
-    /// copies are committed stays its stream's oldest until then, and a second cleaner would
-    /// relocate it again. Taken before the state lock, after the cleaner lock.
-    pub(crate) clean_turn: Mutex<()>,
+    /// Per stream: a cleaning of it has committed its relocations and is making them durable
+    /// with the state lock given up (`clean.rs`, `Fs::finish_clean_after`). Set under the
+    /// state lock, cleared once the segment is freed (or the finish failed): until then the
+    /// segment is still the stream's oldest, and another cleaning that finds the flag set
+    /// under the lock leaves the stream alone instead of relocating it again.
+    pub(crate) clean_finishing: Vec<std::sync::atomic::AtomicBool>,
     pub(crate) streams: u16,
     pub(crate) bs: u32,
     /// Most data blocks one operation's transaction carries.
@@ -387,7 +387,9 @@ impl Fs {
             state_waiters: std::sync::atomic::AtomicUsize::new(0),
             cv: Condvar::new(),
             cleaner: Mutex::new(()),
-            clean_turn: Mutex::new(()),
+            clean_finishing: (0..log_streams)
+                .map(|_| std::sync::atomic::AtomicBool::new(false))
+                .collect(),
             mutant: opts.mutant,
             policy: opts.streams,
             report,
