@@ -392,10 +392,10 @@ impl Fs {
     }
 
     /// The end of a cleaning, with the state lock given up (and the stream marked finishing,
-    /// [`Fs::finish_clean_after`]): the relocations made durable (a flush) and the segment freed by the log's checkpoint (a
-    /// superblock write and its flush); then the relocated blocks' bytes, held in memory
-    /// until now, are let go if the state lock is free (else the next durable wait or
-    /// maintenance round does it). Operations go on meanwhile: the block maps already point
+    /// [`Fs::finish_clean_after`]): the relocations made durable (a flush) and the segment
+    /// freed by the log's checkpoint (a superblock write and its flush); then the relocated
+    /// blocks' bytes, held in memory until now, are let go if the state lock is free (else
+    /// the next durable wait or maintenance round does it). Operations go on meanwhile: the block maps already point
     /// at the copies, read from memory until durable, and the cleaned segment stays in the
     /// log until its checkpoint, so a crash recovers the records from it or from the copies.
     /// A failure stops the file system (read-only), the segment not freed.
@@ -419,10 +419,10 @@ impl Fs {
     /// [`CLEAN_BELOW_FREE_PERCENT`] of the segments free), when it is finished under the
     /// lock, as all cleaning was until 28 Nov, and the lock is returned. While space is low,
     /// cleaning is what the operations are waiting for, and several cleaners (the maintenance
-    /// thread, operations short of space) clean side by side; giving the lock up for the
-    /// flush made each stream's cleanings wait for one another (a turn per stream, measured
-    /// on issue 16's mixed run, a 90 %-full image: the appenders' p99 beside the cleaner about
-    /// 1.5x higher; docs/bench/fs.md, 28 Nov).
+    /// thread, operations short of space) clean side by side. A first version gave the lock
+    /// up there too and kept each stream's cleanings apart with a lock held from the live
+    /// blocks' read to the segment's freeing: in issue 16's mixed run (a 90 %-full image) the
+    /// appenders' p99 beside the cleaner was about 1.5x higher (docs/bench/fs.md, 28 Nov).
     fn finish_clean_after<'a>(
         &'a self,
         mut st: MutexGuard<'a, State>,
