@@ -1570,9 +1570,18 @@ mod tests {
     /// A mostly dead oldest segment on `gate` (one stream): a file of 40 blocks all but the
     /// first of which are overwritten, and another of 40 blocks; both files' inodes.
     fn mostly_dead_head(gate: &Arc<Gate>) -> (Arc<Fs>, u64, u64) {
+        mostly_dead_head_with(gate, None)
+    }
+
+    /// [`mostly_dead_head`] mounted with `mutant`.
+    fn mostly_dead_head_with(
+        gate: &Arc<Gate>,
+        mutant: Option<crate::FsMutant>,
+    ) -> (Arc<Fs>, u64, u64) {
         let dev: Arc<dyn Device> = gate.clone();
         Fs::mkfs(dev.clone(), &MkfsOptions { streams: 1, segment_blocks: 64, uuid: None }).unwrap();
-        let fs = Arc::new(Fs::mount(dev, MountOptions::default()).unwrap());
+        let opts = MountOptions { mutant, ..MountOptions::default() };
+        let fs = Arc::new(Fs::mount(dev, opts).unwrap());
         let a = fs.create(None, ROOT, b"a", 0o644, ME).unwrap().ino;
         fs.write(None, a, 0, &[1; 40 * 4096]).unwrap();
         let b = fs.create(None, ROOT, b"b", 0o644, ME).unwrap().ino;
@@ -1580,6 +1589,22 @@ mod tests {
         fs.write(None, a, 4096, &[3; 39 * 4096]).unwrap();
         fs.sync().unwrap();
         (fs, a, b)
+    }
+
+    /// After the mostly dead head of [`mostly_dead_head`] was cleaned: both files read as
+    /// written, before and after a remount, and fsck is clean both times.
+    fn files_of_mostly_dead_head_intact(fs: Arc<Fs>, a: u64, b: u64) {
+        let want_a: Vec<u8> = [vec![1; 4096], vec![3; 39 * 4096]].concat();
+        assert_eq!(fs.read(a, 0, 40 * 4096).unwrap(), want_a, "before the remount");
+        assert_eq!(fs.read(b, 0, 40 * 4096).unwrap(), vec![2; 40 * 4096]);
+        fs.sync().unwrap();
+        assert!(fs.fsck().is_clean());
+        let dev = fs.log.device().clone();
+        drop(fs);
+        let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+        assert_eq!(fs.read(a, 0, 40 * 4096).unwrap(), want_a, "after the remount");
+        assert_eq!(fs.read(b, 0, 40 * 4096).unwrap(), vec![2; 40 * 4096]);
+        assert!(fs.fsck().is_clean());
     }
 
     /// `Fs::maintain` cleaning a segment reads nothing from the device under the state lock:
@@ -1622,16 +1647,7 @@ mod tests {
     /// written: `Err` says what went wrong.
     fn clean_with_its_flush_held(mutant: Option<crate::FsMutant>) -> Result<(), String> {
         let gate = Gate::new(4096);
-        let dev: Arc<dyn Device> = gate.clone();
-        Fs::mkfs(dev.clone(), &MkfsOptions { streams: 1, segment_blocks: 64, uuid: None }).unwrap();
-        let opts = MountOptions { mutant, ..MountOptions::default() };
-        let fs = Arc::new(Fs::mount(dev, opts).unwrap());
-        let a = fs.create(None, ROOT, b"a", 0o644, ME).unwrap().ino;
-        fs.write(None, a, 0, &[1; 40 * 4096]).unwrap();
-        let b = fs.create(None, ROOT, b"b", 0o644, ME).unwrap().ino;
-        fs.write(None, b, 0, &[2; 40 * 4096]).unwrap();
-        fs.write(None, a, 4096, &[3; 39 * 4096]).unwrap();
-        fs.sync().unwrap();
+        let (fs, a, b) = mostly_dead_head_with(&gate, mutant);
         let want_a: Vec<u8> = [vec![1; 4096], vec![3; 39 * 4096]].concat();
         gate.watch(&fs);
         gate.slow_writes.store(true, SeqCst);
@@ -1679,16 +1695,7 @@ mod tests {
             return Err(format!("moved blocks read meanwhile: a {}, b {}", show(&ra), show(&rb)));
         }
         gate.slow_writes.store(false, SeqCst);
-        assert_eq!(fs.read(a, 0, 40 * 4096).unwrap(), want_a, "after the cleaning");
-        assert_eq!(fs.read(b, 0, 40 * 4096).unwrap(), vec![2; 40 * 4096]);
-        fs.sync().unwrap();
-        assert!(fs.fsck().is_clean());
-        let dev = fs.log.device().clone();
-        drop(fs);
-        let fs = Fs::mount(dev, MountOptions::default()).unwrap();
-        assert_eq!(fs.read(a, 0, 40 * 4096).unwrap(), want_a, "after the remount");
-        assert_eq!(fs.read(b, 0, 40 * 4096).unwrap(), vec![2; 40 * 4096]);
-        assert!(fs.fsck().is_clean());
+        files_of_mostly_dead_head_intact(fs, a, b);
         Ok(())
     }
 
@@ -1733,17 +1740,7 @@ mod tests {
         assert!(prompt.is_ok(), "operations waited for a read clean made under the lock");
         let report = cleaner.join().unwrap();
         assert!(report.log.segments_freed >= 1, "{report:?}");
-        let want: Vec<u8> = [vec![1; 4096], vec![3; 39 * 4096]].concat();
-        assert_eq!(fs.read(a, 0, 40 * 4096).unwrap(), want, "before the remount");
-        assert_eq!(fs.read(b, 0, 40 * 4096).unwrap(), vec![2; 40 * 4096]);
-        fs.sync().unwrap();
-        assert!(fs.fsck().is_clean());
-        let dev = fs.log.device().clone();
-        drop(fs);
-        let fs = Fs::mount(dev, MountOptions::default()).unwrap();
-        assert_eq!(fs.read(a, 0, 40 * 4096).unwrap(), want, "after the remount");
-        assert_eq!(fs.read(b, 0, 40 * 4096).unwrap(), vec![2; 40 * 4096]);
-        assert!(fs.fsck().is_clean());
+        files_of_mostly_dead_head_intact(fs, a, b);
     }
 
     /// `Fs::clean` alone, of every segment but the current one, reads nothing from the device
