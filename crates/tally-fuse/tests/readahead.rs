@@ -23,7 +23,7 @@ fn read_ahead_kb(dir: &std::path::Path) -> u32 {
         .map(|l| l.split(' ').collect::<Vec<_>>())
         .filter(|f| f.get(4) == Some(&at))
         .filter_map(|f| f.get(2).map(|d| d.to_string()))
-        .last()
+        .next_back()
         .unwrap_or_else(|| panic!("{at} is not in /proc/self/mountinfo"));
     let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
     std::fs::read_to_string(&path).unwrap().trim().parse().unwrap()
