@@ -244,7 +244,7 @@ impl Fs {
             Some(st) => st,
             None => lock(&self.state)?,
         };
-        let gained = finished.map(|r| r.log.segments_freed > 0 || l.live_blocks < seg);
+        let gained = finished.map(|r| gained(&r, l.live_blocks, seg));
         Ok((st, gained))
     }
 
@@ -829,6 +829,15 @@ impl Fs {
     }
 }
 
+/// Did the cleaning reported in `r`, of a head measured at `live_blocks` of a segment's `seg`,
+/// gain space? It did if it freed a segment, or moved a head less than full (the free part
+/// of the segment it left is gained once the chain reaches it). Not if it read nothing: the
+/// head was gone, or another cleaning of its stream was finishing (`Fs::clean_one`), and a
+/// caller that took that for a gain would read and measure again at once.
+fn gained(r: &FsCleanReport, live_blocks: u64, seg: u64) -> bool {
+    r.log.segments_freed > 0 || (r.records_read > 0 && live_blocks < seg)
+}
+
 /// Is `rec` the record that still defines its object?
 pub(crate) fn live(st: &State, rec: &Record, key: &Key, tombstones_kept: bool) -> bool {
     let ver = rec.ver();
@@ -1018,8 +1027,7 @@ impl Fs {
             drop(st);
             held += taken.elapsed();
             match cleaned {
-                // As `Fs::clean_some`: a head less than full gains blocks.
-                Ok(r) if r.log.segments_freed > 0 || l.live_blocks < seg => {
+                Ok(r) if gained(&r, l.live_blocks, seg) => {
                     report.segments_freed += self.log.free_segments().saturating_sub(before)
                 }
                 Ok(_) | Err(FsError::NoSpace) => break,
