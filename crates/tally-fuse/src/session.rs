@@ -452,7 +452,8 @@ impl Mounted {
 /// mounted. It used to be made from a thread once the first request arrived, and a program's
 /// first `open` then often came before it: a file's read-ahead is fixed when it is opened, so
 /// `cat` of a large file right after `tally mount` read in 128 KiB requests (`bench/largeio.sh`
-/// measured 2,048 `READ`s for 256 MiB: 0.69x ext4 where 1 MiB requests gave 0.9-1.1x).
+/// measured 2,048 `READ`s for 256 MiB, and a first read 1.4-1.6x slower than with 1 MiB
+/// requests; docs/bench/posix.md, 28 Nov).
 ///
 /// Makes no request to the mount itself (no request thread serves yet, so one would wait
 /// forever): [`device_of_mount`] asks for no attribute. Failing (not root, no sysfs) leaves
