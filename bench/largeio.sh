@@ -10,7 +10,8 @@
 # `oflag=direct`; unmount and mount again (nothing cached); read the first file with dd bs=1M
 # (first read), read it again (second read: the page cache), read the second with
 # `iflag=direct`. Prints each time, the medians, and the ratios ext4 time / Tally time (above
-# 1: Tally faster). MOUNT_OPTS: options for `tally mount -o` (e.g. read_ahead_kb=0). The daemon's READ requests and device reads of the first read are logged
+# 1: Tally faster). MOUNT_OPTS: options for `tally mount -o` (e.g. read_ahead_kb=0). The
+# daemon's READ requests and device reads of the first read are logged
 # (SIGUSR1). Needs root. Files live in $BENCH_DIR (default /var/tmp; not tmpfs).
 set -euo pipefail
 

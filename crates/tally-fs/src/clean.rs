@@ -59,7 +59,7 @@ pub struct FsCleanReport {
 }
 
 /// A segment cleaned under the state lock: what was done, and the log's cleaning to finish
-/// with the lock given up ([`Fs::finish_clean`]: the copies made durable, the segment freed).
+/// ([`Fs::finish_clean_after`]: the copies made durable, the segment freed).
 pub(crate) struct Cleaned {
     stream: u16,
     report: FsCleanReport,
@@ -391,38 +391,36 @@ impl Fs {
         self.clean_oldest(st, stream, Some(read), pre)
     }
 
-    /// The end of a cleaning, with the state lock given up (and the stream marked finishing,
-    /// [`Fs::finish_clean_after`]): the relocations made durable (a flush) and the segment
-    /// freed by the log's checkpoint (a superblock write and its flush); then the relocated
-    /// blocks' bytes, held in memory until now, are let go if the state lock is free (else
-    /// the next durable wait or maintenance round does it). Operations go on meanwhile: the block maps already point
-    /// at the copies, read from memory until durable, and the cleaned segment stays in the
-    /// log until its checkpoint, so a crash recovers the records from it or from the copies.
-    /// A failure stops the file system (read-only), the segment not freed.
-    fn finish_clean(&self, cleaned: Cleaned) -> Result<FsCleanReport> {
+    /// The log's end of a cleaning (`Log::clean_finish`): the relocations made durable (a
+    /// flush) and the segment freed by the log's checkpoint (a superblock write and its
+    /// flush); the stream's finishing mark cleared, whatever the outcome. On an error the
+    /// segment stays, and the caller stops the file system.
+    fn finish_log(&self, cleaned: Cleaned) -> std::result::Result<FsCleanReport, LogError> {
         let Cleaned { stream, mut report, pending } = cleaned;
         if let Some(pending) = pending {
             let finished = self.log.clean_finish(pending);
             if let Some(f) = self.clean_finishing.get(usize::from(stream)) {
                 f.store(false, Ordering::Release);
             }
-            report.log = finished.map_err(|e| self.fail(e))?;
-            if let Ok(mut st) = self.state.try_lock() {
-                self.prune_cache(&mut st);
-            }
+            report.log = finished?;
         }
         Ok(report)
     }
 
-    /// Finish `cleaned` after [`Fs::clean_one`] under `st`: with the lock given up
-    /// ([`Fs::finish_clean`]; returns `None` for the lock) unless space is low (less than
-    /// [`CLEAN_BELOW_FREE_PERCENT`] of the segments free), when it is finished under the
-    /// lock, as all cleaning was until 28 Nov, and the lock is returned. While space is low,
-    /// cleaning is what the operations are waiting for, and several cleaners (the maintenance
-    /// thread, operations short of space) clean side by side. A first version gave the lock
-    /// up there too and kept each stream's cleanings apart with a lock held from the live
-    /// blocks' read to the segment's freeing: in issue 16's mixed run (a 90 %-full image) the
-    /// appenders' p99 beside the cleaner was about 1.5x higher (docs/bench/fs.md, 28 Nov).
+    /// Finish `cleaned` after [`Fs::clean_one`] under `st` ([`Fs::finish_log`], then the
+    /// moved blocks' bytes, held in memory until durable, let go). While at least
+    /// [`CLEAN_BELOW_FREE_PERCENT`] of the segments is free, with the lock given up (returns
+    /// `None` for it): the stream is marked finishing first, under the lock the relocations
+    /// were committed under, so a cleaning that takes it meanwhile leaves the stream alone
+    /// (`clean_one`); operations go on, reading the moved blocks from memory; the bytes are
+    /// let go if the lock is free then (else by the next durable wait or maintenance round).
+    /// While space is low, under the lock, as all cleaning was until 28 Nov, and the lock is
+    /// returned: cleaning is then what the operations are waiting for, and several cleaners
+    /// (the maintenance thread, operations short of space) clean side by side. A first
+    /// version gave the lock up there too and kept each stream's cleanings apart with a lock
+    /// held from the live blocks' read to the segment's freeing: in issue 16's mixed run (a
+    /// 90 %-full image) the appenders' p99 beside the cleaner was about 1.5x higher
+    /// (docs/bench/fs.md, 28 Nov). A failure stops the file system (read-only).
     fn finish_clean_after<'a>(
         &'a self,
         mut st: MutexGuard<'a, State>,
@@ -431,29 +429,27 @@ impl Fs {
         let seg = u64::from(self.segment_blocks);
         let total = self.log.device().geometry().block_count / seg.max(1);
         let low = u64::from(self.log.free_segments()) * 100 < total * CLEAN_BELOW_FREE_PERCENT;
-        if !low {
-            if cleaned.pending.is_some() {
-                // Set under the lock the relocations were committed under: a cleaning that
-                // takes it next sees the segment is not to be cleaned again (`clean_one`).
-                if let Some(f) = self.clean_finishing.get(usize::from(cleaned.stream)) {
-                    f.store(true, Ordering::Release);
-                }
+        let moved = cleaned.pending.is_some();
+        if low {
+            let finished = self.finish_log(cleaned).map_err(|e| Fs::fail_locked(&mut st, e));
+            if moved && finished.is_ok() {
+                self.prune_cache(&mut st);
             }
-            drop(st);
-            return (None, self.finish_clean(cleaned));
+            return (Some(st), finished);
         }
-        let Cleaned { mut report, pending, .. } = cleaned;
-        if let Some(pending) = pending {
-            match self.log.clean_finish(pending) {
-                Ok(r) => report.log = r,
-                Err(e) => {
-                    let e = Fs::fail_locked(&mut st, e);
-                    return (Some(st), Err(e));
-                }
+        if moved {
+            if let Some(f) = self.clean_finishing.get(usize::from(cleaned.stream)) {
+                f.store(true, Ordering::Release);
             }
-            self.prune_cache(&mut st);
         }
-        (Some(st), Ok(report))
+        drop(st);
+        let finished = self.finish_log(cleaned).map_err(|e| self.fail(e));
+        if moved && finished.is_ok() {
+            if let Ok(mut st) = self.state.try_lock() {
+                self.prune_cache(&mut st);
+            }
+        }
+        (None, finished)
     }
 
     /// Clean `stream`'s oldest segment: its live records are packed into as few transactions
@@ -584,8 +580,8 @@ impl Fs {
     /// Step 3 of [`Fs::clean_oldest`]: the packs handed to the log, which checks that `txs`
     /// are its oldest segment's transactions (`None`, nothing written, when they are not) and
     /// re-commits the packs; with what each pack moved, by the old transaction it was handed
-    /// with. Making them durable and freeing the segment is left to [`Fs::finish_clean`],
-    /// with the state lock given up. The log must clean exactly `txs`: if it handed fewer to
+    /// with. Making them durable and freeing the segment is left to
+    /// [`Fs::finish_clean_after`]. The log must clean exactly `txs`: if it handed fewer to
     /// relocate, the file system stops (read-only) and the segment is not freed.
     fn relocate_packs(
         &self,

@@ -454,8 +454,8 @@ impl Log {
 
     /// The second step of a cleaning ([`Log::clean_read_to_deferred`]): the relocations made
     /// durable — on every stream, with whatever else was committed meanwhile — and the cleaned
-    /// stream checkpointed at the last transaction cleaned, which frees its segments (unless
-    /// a checkpoint snapshot taken meanwhile has already moved past them).
+    /// stream checkpointed at the last transaction cleaned, which frees its segments (a
+    /// stream checkpoint already at or past it is left as it is, as [`Log::checkpoint`] does).
     ///
     /// # Errors
     /// I/O errors (the log has failed: the cleaned segments stay, the copies may be lost, and
