@@ -27,8 +27,11 @@
 //! - each thread runs on its queue's CPU where it may (as libfuse's do), and sleeps between
 //!   requests. The kernel hands a request to the queue entry committed last (its list of
 //!   available entries is last in, first out), on the queue of the caller's CPU, so a caller
-//!   issuing one request at a time and the thread answering it hand that CPU to each other
-//!   with no inter-processor interrupt. Polling for the next request instead of sleeping was
+//!   issuing one request at a time and the thread answering it can hand that CPU to each
+//!   other with no inter-processor interrupt. The answer's wake-up would still move the
+//!   caller to an idle CPU (the thread is running when it commits); a thread therefore waits
+//!   for requests at `SCHED_IDLE` and serves them at its normal policy (`ring/handoff.rs`).
+//!   Polling for the next request instead of sleeping was
 //!   tried and lost (docs/bench/mount.md, "polling the ring's queues"): a thread polling on the
 //!   caller's CPU keeps the caller off it, and one polling on another CPU makes every answer
 //!   wake the caller across CPUs — untar and rm -rf 4-5x slower on a 2-vCPU VM.
@@ -38,6 +41,7 @@
 //! while the entry is the daemon's (between a completion and its commit).
 
 mod dispatch;
+mod handoff;
 pub(crate) mod wire;
 
 use std::io;
@@ -84,13 +88,16 @@ pub(crate) struct Layout {
     /// Bytes of each entry's payload buffer: at least the kernel's largest request or answer
     /// (`max(max_write, max_pages × page size)`), or registration fails.
     pub payload_size: usize,
+    /// Commit answers with the CPU handed to the caller (`ring/handoff.rs`; `-o
+    /// cpu_handoff=on|off`), where the process may.
+    pub handoff: bool,
 }
 
 impl Layout {
     /// The layout for this machine: `threads` as `MountConfig::threads` asks, spread over
     /// the queues (at least two a queue on a small machine, at most
     /// [`THREADS_PER_QUEUE_MAX`]), and payloads for `max_write`.
-    pub(crate) fn for_machine(threads: usize, max_write: u32) -> Layout {
+    pub(crate) fn for_machine(threads: usize, max_write: u32, handoff: bool) -> Layout {
         // SAFETY: sysconf has no preconditions. The kernel has one queue per possible CPU;
         // _SC_NPROCESSORS_CONF counts those configured (libfuse uses the same).
         let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
@@ -109,7 +116,11 @@ impl Layout {
             .unwrap_or(usize::MAX)
             .max(limit_pages.saturating_mul(page))
             .max(8192);
-        Layout { queue_count, threads_per_queue: per_queue, payload_size }
+        let handoff = handoff && handoff::available();
+        if !handoff {
+            tracing::debug!("ring threads answer without handing their CPU to the caller");
+        }
+        Layout { queue_count, threads_per_queue: per_queue, payload_size, handoff }
     }
 }
 
@@ -141,11 +152,10 @@ pub(crate) fn start(
         for t in 0..layout.threads_per_queue {
             let (ops, fd) = (ops.clone(), fd.clone());
             let name = format!("tally-ring-{qid}.{t}");
-            let payload_size = layout.payload_size;
             threads.push(
                 std::thread::Builder::new()
                     .name(name)
-                    .spawn(move || serve_queue(&ops, &fd, qid, payload_size))?,
+                    .spawn(move || serve_queue(&ops, &fd, qid, layout))?,
             );
         }
     }
@@ -153,6 +163,7 @@ pub(crate) fn start(
         queues = layout.queue_count,
         threads_per_queue = layout.threads_per_queue,
         payload_kib = layout.payload_size / 1024,
+        handoff = layout.handoff,
         "FUSE over io_uring: a thread and ring entry per queue slot started"
     );
     Ok(threads)
@@ -265,7 +276,7 @@ fn with_len(sqe: Entry128, len: u32) -> Entry128 {
 }
 
 /// Serve queue `qid` with one entry until the kernel ends it.
-fn serve_queue(ops: &TallyFuse, fd: &OwnedFd, qid: u16, payload_size: usize) {
+fn serve_queue(ops: &TallyFuse, fd: &OwnedFd, qid: u16, layout: Layout) {
     // The kernel queues a request on the queue of its caller's CPU: a thread on that CPU is
     // woken there, its caller's data still in the CPU's cache (untar 0.73x the time of
     // unpinned threads, docs/bench/posix.md). Where the daemon may not run on that CPU, the
@@ -273,14 +284,14 @@ fn serve_queue(ops: &TallyFuse, fd: &OwnedFd, qid: u16, payload_size: usize) {
     if !pin_to(qid) {
         tracing::debug!(qid, "ring thread not pinned to its queue's CPU");
     }
-    let mut slot = match Slot::new(payload_size) {
+    let mut slot = match Slot::new(layout.payload_size) {
         Ok(slot) => Box::new(slot),
         Err(e) => {
             tracing::error!(qid, "FUSE over io_uring: no payload buffer for an entry: {e}");
             return;
         }
     };
-    match serve_entry(ops, fd.as_raw_fd(), qid, &mut slot) {
+    match serve_entry(ops, fd.as_raw_fd(), qid, &mut slot, layout.handoff) {
         Ok(()) => drop(slot),
         Err(e) => {
             // The kernel may still hold the entry's buffers (its command was not ended):
@@ -293,13 +304,27 @@ fn serve_queue(ops: &TallyFuse, fd: &OwnedFd, qid: u16, payload_size: usize) {
 
 /// Register `slot` on queue `qid` and answer the requests it receives until the kernel ends
 /// it (`Ok`), or a command fails otherwise (`Err`; the entry may still be the kernel's).
-fn serve_entry(ops: &TallyFuse, fd: i32, qid: u16, slot: &mut Slot) -> io::Result<()> {
+/// With `handoff`, each answer is committed with the CPU handed to its caller.
+fn serve_entry(
+    ops: &TallyFuse,
+    fd: i32,
+    qid: u16,
+    slot: &mut Slot,
+    mut handoff: bool,
+) -> io::Result<()> {
     let mut ring: IoUring<Entry128, cqueue::Entry> = IoUring::builder().build(2)?;
     let mut last = command(fd, CMD_REGISTER, qid, 0, slot, 0);
     push(&mut ring, &last)?;
     let mut again_count = 0u32;
     loop {
-        match ring.submit_and_wait(1) {
+        if handoff {
+            handoff = to_idle(qid);
+        }
+        let waited = ring.submit_and_wait(1);
+        if handoff {
+            handoff = to_normal(qid);
+        }
+        match waited {
             Ok(_) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
             Err(e) => return Err(e),
@@ -335,6 +360,33 @@ fn serve_entry(ops: &TallyFuse, fd: i32, qid: u16, slot: &mut Slot) -> io::Resul
             };
             last = command(fd, CMD_COMMIT_AND_FETCH, qid, commit_id, slot, 0);
             push(&mut ring, &last)?;
+        }
+    }
+}
+
+/// Before a thread commits its answer and waits for the next request: `SCHED_IDLE`
+/// (`ring/handoff.rs`), so the answer's caller wakes on this CPU and runs. False (hand over
+/// no more) if the kernel refuses.
+fn to_idle(qid: u16) -> bool {
+    match handoff::idle() {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(qid, "ring thread answers without handing over its CPU: {e}");
+            false
+        }
+    }
+}
+
+/// Once a request came (or the wait ended otherwise): back to the normal policy, at which
+/// every request is served. False if the kernel refuses (the thread then serves at
+/// `SCHED_IDLE`; [`handoff::available`] found the way back open, so only a changed limit
+/// does that).
+fn to_normal(qid: u16) -> bool {
+    match handoff::normal() {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(qid, "ring thread could not leave SCHED_IDLE and serves at it: {e}");
+            false
         }
     }
 }

@@ -76,6 +76,12 @@ pub struct MountConfig {
     /// Which transport carries requests (`-o io_uring=auto|on|off`): FUSE over io_uring
     /// when the kernel offers it ([`IoUring::Auto`]), or `/dev/fuse` alone.
     pub io_uring: IoUring,
+    /// Over io_uring, commit each answer with the CPU handed to its caller (`-o
+    /// cpu_handoff=on|off`, on by default): the answering thread is at `SCHED_IDLE` for that
+    /// system call, so the kernel wakes the caller on the same CPU instead of an idle one
+    /// (`ring/handoff.rs`). Used only where the process may take the thread back to its
+    /// normal policy.
+    pub cpu_handoff: bool,
     /// Source shown in `/proc/mounts` (the image path).
     pub fsname: String,
     /// Other kernel mount options (`noatime`, `nodev`, …), as [`parse_options`] accepted them.
@@ -98,6 +104,7 @@ impl Default for MountConfig {
             replay_budget_mib: None,
             read_ahead_kb: READ_AHEAD_KB_DEFAULT,
             io_uring: IoUring::Auto,
+            cpu_handoff: true,
             fsname: "tally".into(),
             options: Vec::new(),
         }
@@ -216,6 +223,13 @@ pub fn parse_options(list: &str, cfg: &mut MountConfig) -> Result<(), String> {
                     _ => return Err(format!("{o:?}: io_uring takes auto, on or off")),
                 };
             }
+            o if o.starts_with("cpu_handoff=") => {
+                cfg.cpu_handoff = match &o["cpu_handoff=".len()..] {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(format!("{o:?}: cpu_handoff takes on or off")),
+                };
+            }
             o if o.starts_with("attr_timeout=") => cfg.attr_timeout = timeout(o)?,
             o if o.starts_with("entry_timeout=") => cfg.entry_timeout = timeout(o)?,
             o if o.starts_with("negative_timeout=") => cfg.negative_timeout = timeout(o)?,
@@ -223,7 +237,7 @@ pub fn parse_options(list: &str, cfg: &mut MountConfig) -> Result<(), String> {
             o => {
                 return Err(format!(
                     "unknown mount option {o:?} (known: default_permissions, allow_other, \
-                     txn_wait_ms=N, commit_ms=N, replay_budget_mib=N, no_atomic_write, read_ahead_kb=N, io_uring=auto|on|off, attr_timeout=S, entry_timeout=S, negative_timeout=S, {})",
+                     txn_wait_ms=N, commit_ms=N, replay_budget_mib=N, no_atomic_write, read_ahead_kb=N, io_uring=auto|on|off, cpu_handoff=on|off, attr_timeout=S, entry_timeout=S, negative_timeout=S, {})",
                     PASSED_THROUGH.join(", ")
                 ));
             }
@@ -376,13 +390,14 @@ fn start_transport(
         }
         return Ok(());
     }
-    let layout = crate::ring::Layout::for_machine(cfg.threads, ops.max_write());
+    let layout = crate::ring::Layout::for_machine(cfg.threads, ops.max_write(), cfg.cpu_handoff);
     let fd = session.as_fd().try_clone_to_owned()?;
     let threads = crate::ring::start(ops.clone(), fd, layout)?;
     ring_threads.lock().unwrap_or_else(PoisonError::into_inner).extend(threads);
     tracing::info!(
-        "requests over FUSE over io_uring ({} queues); FORGET and INTERRUPT through /dev/fuse",
-        layout.queue_count
+        "requests over FUSE over io_uring ({} queues{}); FORGET and INTERRUPT through /dev/fuse",
+        layout.queue_count,
+        if layout.handoff { ", answers hand the CPU to the caller" } else { "" }
     );
     Ok(())
 }
@@ -588,6 +603,12 @@ mod tests {
         assert!(parse_options("read_ahead_kb=2000000", &mut cfg).is_err());
         assert!(parse_options("read_ahead_kb=1M", &mut cfg).is_err());
         assert_eq!(MountConfig::default().read_ahead_kb, READ_AHEAD_KB_DEFAULT);
+        assert!(MountConfig::default().cpu_handoff);
+        parse_options("cpu_handoff=off", &mut cfg).unwrap();
+        assert!(!cfg.cpu_handoff);
+        parse_options("cpu_handoff=on", &mut cfg).unwrap();
+        assert!(cfg.cpu_handoff);
+        assert!(parse_options("cpu_handoff=idle", &mut cfg).is_err());
         parse_options("replay_budget_mib=16", &mut cfg).unwrap();
         assert_eq!(cfg.replay_budget(), Some(16 << 20));
         assert!(parse_options("replay_budget_mib=lots", &mut cfg).is_err());

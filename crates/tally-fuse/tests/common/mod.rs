@@ -119,10 +119,7 @@ impl Scratch {
             tally_fuse::parse_options(&format!("io_uring={how}"), &mut cfg).unwrap();
         }
         let fs = Fs::mount(device(&self.image()), MountOptions::default()).unwrap();
-        let mounted = tally_fuse::mount(fs, &self.dir(), &cfg).unwrap();
-        let requests = mounted.requests();
-        let thread = std::thread::spawn(move || mounted.run().unwrap());
-        Served { dir: self.dir(), thread: Some(thread), requests }
+        Served::run(tally_fuse::mount(fs, &self.dir(), &cfg).unwrap(), self.dir())
     }
 
     /// Mount the image without FUSE, to look at it directly.
@@ -152,6 +149,13 @@ pub struct Served {
 }
 
 impl Served {
+    /// Serve `mounted` (mounted on `dir`) on a thread.
+    pub fn run(mounted: tally_fuse::Mounted, dir: PathBuf) -> Served {
+        let requests = mounted.requests();
+        let thread = std::thread::spawn(move || mounted.run().unwrap());
+        Served { dir, thread: Some(thread), requests }
+    }
+
     /// `name` inside the mount.
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
