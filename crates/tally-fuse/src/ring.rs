@@ -147,15 +147,16 @@ pub(crate) fn start(
     layout: Layout,
 ) -> io::Result<Vec<JoinHandle<()>>> {
     let fd = Arc::new(fd);
+    let serving = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut threads = Vec::new();
     for qid in 0..layout.queue_count {
         for t in 0..layout.threads_per_queue {
-            let (ops, fd) = (ops.clone(), fd.clone());
+            let (ops, fd, serving) = (ops.clone(), fd.clone(), serving.clone());
             let name = format!("tally-ring-{qid}.{t}");
             threads.push(
                 std::thread::Builder::new()
                     .name(name)
-                    .spawn(move || serve_queue(&ops, &fd, qid, layout))?,
+                    .spawn(move || serve_queue(&ops, &fd, qid, layout, serving))?,
             );
         }
     }
@@ -276,7 +277,13 @@ fn with_len(sqe: Entry128, len: u32) -> Entry128 {
 }
 
 /// Serve queue `qid` with one entry until the kernel ends it.
-fn serve_queue(ops: &TallyFuse, fd: &OwnedFd, qid: u16, layout: Layout) {
+fn serve_queue(
+    ops: &TallyFuse,
+    fd: &OwnedFd,
+    qid: u16,
+    layout: Layout,
+    serving: Arc<std::sync::atomic::AtomicUsize>,
+) {
     // The kernel queues a request on the queue of its caller's CPU: a thread on that CPU is
     // woken there, its caller's data still in the CPU's cache (untar 0.73x the time of
     // unpinned threads, docs/bench/posix.md). Where the daemon may not run on that CPU, the
@@ -291,7 +298,8 @@ fn serve_queue(ops: &TallyFuse, fd: &OwnedFd, qid: u16, layout: Layout) {
             return;
         }
     };
-    match serve_entry(ops, fd.as_raw_fd(), qid, &mut slot, layout.handoff) {
+    let handoff = handoff::Handoff::new(layout.handoff, serving);
+    match serve_entry(ops, fd.as_raw_fd(), qid, &mut slot, handoff) {
         Ok(()) => drop(slot),
         Err(e) => {
             // The kernel may still hold the entry's buffers (its command was not ended):
@@ -304,26 +312,22 @@ fn serve_queue(ops: &TallyFuse, fd: &OwnedFd, qid: u16, layout: Layout) {
 
 /// Register `slot` on queue `qid` and answer the requests it receives until the kernel ends
 /// it (`Ok`), or a command fails otherwise (`Err`; the entry may still be the kernel's).
-/// With `handoff`, each answer is committed with the CPU handed to its caller.
+/// `handoff` says when an answer is committed with the CPU handed to its caller.
 fn serve_entry(
     ops: &TallyFuse,
     fd: i32,
     qid: u16,
     slot: &mut Slot,
-    mut handoff: bool,
+    mut handoff: handoff::Handoff,
 ) -> io::Result<()> {
     let mut ring: IoUring<Entry128, cqueue::Entry> = IoUring::builder().build(2)?;
     let mut last = command(fd, CMD_REGISTER, qid, 0, slot, 0);
     push(&mut ring, &last)?;
     let mut again_count = 0u32;
     loop {
-        if handoff {
-            handoff = to_idle(qid);
-        }
+        handoff.before_wait(qid);
         let waited = ring.submit_and_wait(1);
-        if handoff {
-            handoff = to_normal(qid);
-        }
+        handoff.after_wait(qid);
         match waited {
             Ok(_) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
@@ -355,38 +359,14 @@ fn serve_entry(
                 continue;
             }
             again_count = 0;
-            let Some(commit_id) = dispatch::serve(ops, &mut slot.header, &mut slot.payload) else {
+            handoff.serving();
+            let served = dispatch::serve(ops, &mut slot.header, &mut slot.payload);
+            handoff.served();
+            let Some(commit_id) = served else {
                 return Err(io::Error::other("a ring request without its commit id"));
             };
             last = command(fd, CMD_COMMIT_AND_FETCH, qid, commit_id, slot, 0);
             push(&mut ring, &last)?;
-        }
-    }
-}
-
-/// Before a thread commits its answer and waits for the next request: `SCHED_IDLE`
-/// (`ring/handoff.rs`), so the answer's caller wakes on this CPU and runs. False (hand over
-/// no more) if the kernel refuses.
-fn to_idle(qid: u16) -> bool {
-    match handoff::idle() {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::warn!(qid, "ring thread answers without handing over its CPU: {e}");
-            false
-        }
-    }
-}
-
-/// Once a request came (or the wait ended otherwise): back to the normal policy, at which
-/// every request is served. False if the kernel refuses (the thread then serves at
-/// `SCHED_IDLE`; [`handoff::available`] found the way back open, so only a changed limit
-/// does that).
-fn to_normal(qid: u16) -> bool {
-    match handoff::normal() {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::error!(qid, "ring thread could not leave SCHED_IDLE and serves at it: {e}");
-            false
         }
     }
 }
