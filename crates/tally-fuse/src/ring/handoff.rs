@@ -6,7 +6,8 @@
 //! (`select_idle_sibling`) and, when one is idle, moves the caller there. On a virtual
 //! machine a wake on an idle virtual CPU is a halt exit and a host wake-up: 105 us for a pipe
 //! round trip between two CPUs of the 2-vCPU VM against 9 us on one CPU (docs/bench/mount.md,
-//! 28 Nov). An untar woke `tar` on the other CPU after about 40 % of its requests.
+//! 28 Nov). An untar woke `tar` on the other CPU in 38 % of its wake-ups (a quarter of its
+//! requests).
 //!
 //! A CPU whose only runnable tasks are `SCHED_IDLE` counts as idle to that search
 //! (`sched_idle_cpu`), and a task of a normal policy preempts a `SCHED_IDLE` one as it wakes.
