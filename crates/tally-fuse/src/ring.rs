@@ -30,11 +30,11 @@
 //!   issuing one request at a time and the thread answering it can hand that CPU to each
 //!   other with no inter-processor interrupt. The answer's wake-up would still move the
 //!   caller to an idle CPU (the thread is running when it commits); a thread therefore waits
-//!   for requests at `SCHED_IDLE` and serves them at its normal policy (`ring/handoff.rs`).
-//!   Polling for the next request instead of sleeping was
-//!   tried and lost (docs/bench/mount.md, "polling the ring's queues"): a thread polling on the
-//!   caller's CPU keeps the caller off it, and one polling on another CPU makes every answer
-//!   wake the caller across CPUs — untar and rm -rf 4-5x slower on a 2-vCPU VM.
+//!   for requests at `SCHED_IDLE` when no other request is being served, and serves them at
+//!   its normal policy (`ring/handoff.rs`). Polling for the next request instead of sleeping
+//!   was tried and lost (docs/bench/mount.md, "polling the ring's queues"): a thread polling
+//!   on the caller's CPU keeps the caller off it, and one polling on another CPU makes every
+//!   answer wake the caller across CPUs — untar and rm -rf 4-5x slower on a 2-vCPU VM.
 //!
 //! Invariants: an entry's buffers never move while registered (boxed or mapped, never resized); an
 //! entry always has exactly one command with the kernel or is ended; answers are written only

@@ -76,11 +76,11 @@ pub struct MountConfig {
     /// Which transport carries requests (`-o io_uring=auto|on|off`): FUSE over io_uring
     /// when the kernel offers it ([`IoUring::Auto`]), or `/dev/fuse` alone.
     pub io_uring: IoUring,
-    /// Over io_uring, commit each answer with the CPU handed to its caller (`-o
-    /// cpu_handoff=on|off`, on by default): the answering thread is at `SCHED_IDLE` for that
-    /// system call, so the kernel wakes the caller on the same CPU instead of an idle one
-    /// (`ring/handoff.rs`). Used only where the process may take the thread back to its
-    /// normal policy.
+    /// Over io_uring, commit an answer with the CPU handed to its caller (`-o
+    /// cpu_handoff=on|off`, on by default): when no other request is being served, the
+    /// answering thread commits and waits for its next request at `SCHED_IDLE`, so the kernel
+    /// wakes the caller on the same CPU instead of an idle one (`ring/handoff.rs`). Used only
+    /// where the process may take the thread back to its normal policy.
     pub cpu_handoff: bool,
     /// Source shown in `/proc/mounts` (the image path).
     pub fsname: String,

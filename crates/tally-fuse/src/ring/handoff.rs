@@ -11,13 +11,13 @@
 //!
 //! A CPU whose only runnable tasks are `SCHED_IDLE` counts as idle to that search
 //! (`sched_idle_cpu`), and a task of a normal policy preempts a `SCHED_IDLE` one as it wakes.
-//! So a thread switches to `SCHED_IDLE` just for the system call that commits its answer: the
-//! caller is woken on this CPU and runs at once; the thread switches back to its normal
-//! policy as soon as it runs again, before it waits for the next request. It serves every
-//! request at its normal policy, so nothing it holds (the file system's locks) waits on a
-//! thread the scheduler holds back; a thread woken while still idle by a request that came
-//! before it switched back waits at most until the running task's time slice ends (EEVDF
-//! runs an eligible task woken with no lag then; measured beside two CPU hogs: no slower).
+//! So a thread waits for its next request at `SCHED_IDLE`: the system call that commits its
+//! answer and waits (one `io_uring_enter`) runs at that policy, the caller is woken on this
+//! CPU and runs at once, and when the next request (or an error) ends the wait the thread
+//! goes back to its normal policy before it serves. Every request is served at the normal
+//! policy, so nothing a thread holds while serving (the file system's locks) waits on a
+//! thread the scheduler holds back; only its wake-up for the next request and the start of
+//! its commit can wait behind other tasks on its CPU.
 //!
 //! Where the CPUs are busy anyway there is no idle CPU to lose the caller to, and the
 //! hand-off costs: two system calls a request, and a thread woken at `SCHED_IDLE` does not
