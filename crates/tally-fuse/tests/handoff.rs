@@ -54,7 +54,7 @@ fn serve(s: &Scratch, cpu_handoff: bool) -> Option<common::Served> {
     // hand-off is the ring's.
     let fs = s.open_fs();
     match tally_fuse::mount(fs, &s.dir(), &cfg) {
-        Ok(m) => Some(common::Served::run(m, s.dir())),
+        Ok(m) => Some(common::Served::run_with_chosen_transport(m, s.dir())),
         Err(e) => {
             let msg = e.to_string();
             assert!(msg.contains("enable_uring"), "mount failed: {msg}");
