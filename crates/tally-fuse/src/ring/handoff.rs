@@ -26,7 +26,7 @@
 //! the mount's ring threads as it answers ([`Handoff::before_wait`]): one program issuing one
 //! request at a time (tar, git, a build step) gets it, many at once do not. Other programs
 //! keeping the CPUs busy are not seen: beside two CPU-bound processes a create+write+close
-//! loop was 1.3-1.7x slower with it (median per loop), and `-o cpu_handoff=off` is for such
+//! loop was 1.5-1.7x slower with it (median per loop), and `-o cpu_handoff=off` is for such
 //! machines.
 //!
 //! The way back needs the right to raise a thread's priority to its nice value
