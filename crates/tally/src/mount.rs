@@ -45,9 +45,10 @@ Mount options (-o, comma-separated, repeatable):
                         the ring when the kernel offers it; on: the ring or the mount fails;
                         off: /dev/fuse. Root enables the ring with
                         `echo 1 > /sys/module/fuse/parameters/enable_uring`
-  cpu_handoff=on|off    over io_uring, a thread answers with its CPU handed to the caller,
-                        so the kernel wakes the caller on the same CPU, not an idle one (on;
-                        used where the daemon may raise a thread back to its nice value)
+  cpu_handoff=on|off    over io_uring, a thread answering while no other request is served
+                        hands its CPU to the caller, so the kernel wakes the caller on the
+                        same CPU, not an idle one (on; used where the daemon may raise a
+                        thread back to its nice value; off for machines always busy)
   attr_timeout=S        seconds the kernel may cache attributes (default 86400: every change
                         goes through the mount, and the kernel is told what an abort undoes)
   entry_timeout=S       seconds the kernel may cache names (86400)
