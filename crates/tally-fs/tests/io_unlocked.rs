@@ -28,6 +28,8 @@ struct Gate {
     armed: AtomicBool,
     /// The next submission waits, as an armed read does.
     armed_submit: AtomicBool,
+    /// The next flush waits, as an armed read does.
+    armed_flush: AtomicBool,
     /// (a read or submission is waiting, released)
     state: Mutex<(bool, bool)>,
     cv: Condvar,
@@ -41,6 +43,7 @@ impl Gate {
             inner: MemDevice::new(BS as u32, blocks).unwrap(),
             armed: AtomicBool::new(false),
             armed_submit: AtomicBool::new(false),
+            armed_flush: AtomicBool::new(false),
             state: Mutex::new((false, false)),
             cv: Condvar::new(),
             fail_flush: AtomicBool::new(false),
@@ -56,6 +59,11 @@ impl Gate {
     fn arm_submit(&self) {
         *self.state.lock().unwrap() = (false, false);
         self.armed_submit.store(true, Ordering::SeqCst);
+    }
+
+    fn arm_flush(&self) {
+        *self.state.lock().unwrap() = (false, false);
+        self.armed_flush.store(true, Ordering::SeqCst);
     }
 
     /// Wait until an armed read is held.
@@ -106,6 +114,9 @@ impl Device for Gate {
     }
     fn flush(&self) -> tally_media::Result<()> {
         self.flushes.fetch_add(1, Ordering::Relaxed);
+        if self.armed_flush.swap(false, Ordering::SeqCst) {
+            self.hold();
+        }
         if self.fail_flush.load(Ordering::SeqCst) {
             return Err(MediaError::Io { op: "flush", source: std::io::Error::other("injected") });
         }
@@ -133,7 +144,7 @@ fn promptly<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'stati
         let _ = tx.send(f());
     });
     rx.recv_timeout(PROMPT)
-        .unwrap_or_else(|_| panic!("{what} waited for a device call held under the state lock"))
+        .unwrap_or_else(|_| panic!("{what} waited for a device call held by another thread"))
 }
 
 /// While a device call is held: a getattr of `f`, a whole-block write of `tag`s to `g` and a
@@ -285,6 +296,50 @@ fn a_failed_write_out_is_not_the_committed_writes_error() {
         }
         assert!(stopped, "budget {budget:?}: the failed write-out did not stop the file system");
     }
+}
+
+/// Past the cache limit, the writer whose stream holds the data pays for it (issue 16): while
+/// a file streaming writes waits for the write-out of its 64 MiB (its flush held at the
+/// device), a 4 KiB write to a file on another stream, and a create, go on. Before, every
+/// operation past the limit wrote out and waited for all of the data held.
+#[test]
+fn a_light_writer_does_not_wait_for_a_heavy_ones_cache() {
+    let gate = Gate::new(60_000);
+    let fs =
+        mount_with(&gate, MountOptions { replay_budget: Some(1 << 40), ..MountOptions::default() });
+    let big = fs.create(None, ROOT, b"big", 0o644, ME).unwrap().ino;
+    let small = fs.create(None, ROOT, b"small", 0o644, ME).unwrap().ino;
+    let mib = vec![7u8; 1 << 20];
+    for i in 0..63u64 {
+        fs.write(None, big, i << 20, &mib).unwrap();
+    }
+    gate.arm_flush();
+    let streamer = {
+        let fs = fs.clone();
+        let mib = mib.clone();
+        std::thread::spawn(move || {
+            for i in 63..66u64 {
+                fs.write(None, big, i << 20, &mib).unwrap();
+            }
+        })
+    };
+    gate.held();
+    let fs2 = fs.clone();
+    promptly("a small write beside the write-out", move || {
+        for i in 0..8u64 {
+            fs2.write(None, small, i * BS as u64, &[3; BS]).unwrap();
+        }
+    });
+    let fs2 = fs.clone();
+    promptly("a create beside the write-out", move || {
+        fs2.create(None, ROOT, b"h", 0o644, ME).unwrap();
+    });
+    gate.release();
+    streamer.join().unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.read(small, 0, 8 * BS).unwrap(), vec![3u8; 8 * BS]);
+    assert_eq!(fs.read(big, 65 << 20, 1 << 20).unwrap(), mib);
+    assert!(fs.fsck().is_clean(), "{:?}", fs.fsck().problems);
 }
 
 /// A checkpoint snapshot is written with the state lock given up (issue 16 item 1): while its

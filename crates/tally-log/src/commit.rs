@@ -103,6 +103,43 @@ impl Log {
         Ok(())
     }
 
+    /// [`Log::submit_deferred`] for the committer of a transaction on stream `s`: that
+    /// stream's write-out if it is due (and every stream's, when the write-behind's memory
+    /// bound made that due), not other streams'. Each committer submits its own, so a small
+    /// commit does not drive a stream streaming megabytes, whose submission waits for room in
+    /// the device's queue (issue 16); the others stay noted for their committers, a durable
+    /// wait or `submit_deferred`.
+    ///
+    /// # Errors
+    /// I/O errors (the log is then failed).
+    pub fn submit_deferred_of(&self, s: u16) -> Result<()> {
+        if !self.deferred_any.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let s = usize::from(s);
+        let all = {
+            let mut d = lock(&self.deferred);
+            let all = d.contains(&usize::MAX);
+            let before = d.len();
+            if all {
+                d.clear();
+            } else {
+                d.retain(|&n| n != s);
+            }
+            if d.is_empty() {
+                self.deferred_any.store(false, Ordering::Release);
+            }
+            if !all && d.len() == before {
+                return Ok(());
+            }
+            all
+        };
+        if all {
+            return self.writer.write_out_all();
+        }
+        self.writer.drive(s, u64::MAX)
+    }
+
     /// Note that stream `s`'s write-out (`usize::MAX`: every stream's) is due, for
     /// [`Log::submit_deferred`].
     fn defer_write_out(&self, s: usize) {

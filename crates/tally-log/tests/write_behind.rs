@@ -252,3 +252,43 @@ fn a_deferred_commit_is_submitted_by_submit_deferred_or_its_durable_wait() {
     log.submit_deferred().unwrap();
     assert_eq!(dev.stats().submissions, before + 1, "the threshold's write-out");
 }
+
+/// `submit_deferred_of(s)` submits stream `s`'s due write-out and leaves other streams' noted
+/// for their own committers (a small commit does not drive a stream streaming megabytes):
+/// they go out with their own `submit_deferred_of`, or anyone's `submit_deferred`. When the
+/// write-behind's memory bound made every stream's write-out due, it submits them all.
+#[test]
+fn a_committer_submits_its_own_streams_write_out() {
+    let dev = fresh(3);
+    let (log, _) = open(&dev, OpenOptions::default());
+    let before = dev.stats().submissions;
+    log.commit_deferred(tx(0, "a0")).unwrap();
+    log.commit_deferred(tx(1, "b0")).unwrap();
+    log.commit_deferred(tx(2, "c0")).unwrap();
+    log.submit_deferred_of(1).unwrap();
+    assert_eq!(dev.stats().submissions, before + 1, "stream 1's write-out alone");
+    assert_eq!(log.stats().buffered_bytes, 2 * u64::from(BS), "streams 0 and 2 still buffered");
+    log.submit_deferred_of(1).unwrap();
+    assert_eq!(dev.stats().submissions, before + 1, "nothing of stream 1 left");
+    log.submit_deferred_of(0).unwrap();
+    assert_eq!(dev.stats().submissions, before + 2);
+    log.submit_deferred().unwrap();
+    assert_eq!(dev.stats().submissions, before + 3, "anyone's submit_deferred takes the rest");
+    assert_eq!(log.stats().buffered_bytes, 0);
+    drop(log);
+    let (_, r) = open(&dev, OpenOptions::default());
+    assert_eq!(tags(&r, 0), ["a0"]);
+    assert_eq!(tags(&r, 1), ["b0"]);
+    assert_eq!(tags(&r, 2), ["c0"]);
+
+    // Past the write-behind's memory bound every stream is due, whoever submits.
+    let dev = fresh(3);
+    let (log, _) = open(&dev, behind(1 << 30, 2 * u64::from(BS)));
+    let before = dev.stats().submissions;
+    log.commit_deferred(tx(0, "a0")).unwrap();
+    log.commit_deferred(tx(2, "c0")).unwrap();
+    log.commit_deferred(tx(1, "b0")).unwrap();
+    log.submit_deferred_of(1).unwrap();
+    assert_eq!(log.stats().buffered_bytes, 0, "the memory bound's write-out is everyone's");
+    assert!(dev.stats().submissions > before);
+}

@@ -99,8 +99,18 @@ pub struct MountOptions {
 /// and an SSD in well under a second.
 pub const REPLAY_BUDGET_DEFAULT: u64 = 64 << 20;
 
-/// Data bytes held in memory until durable before the file system makes them durable itself.
+/// Data bytes held in memory until durable before the file system makes them durable itself
+/// ([`Fs::cache_pays`]).
 pub(crate) const CACHE_LIMIT: usize = 64 << 20;
+
+/// Which streams an operation past [`CACHE_LIMIT`] writes out and waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CachePays {
+    /// Its own stream, holding at least its share of the data held.
+    Stream(usize),
+    /// Every stream holding data (past twice the limit).
+    All,
+}
 /// Free log segments kept for deletes and cleaning: operations that add data or objects fail
 /// with `ENOSPC` when no more than this many are free; deletes and truncates may use them.
 pub(crate) const RESERVED_SEGMENTS: u32 = 2;
@@ -773,12 +783,12 @@ impl Fs {
                         }
                         None => {
                             self.commit_op(&mut st, cx, stream)?;
-                            let over = st.cached_bytes > CACHE_LIMIT;
+                            let pays = self.cache_pays(&st, stream);
                             drop(st);
-                            self.submit_deferred();
+                            self.submit_deferred_of(stream);
                             self.checkpoint_after_op();
-                            if over {
-                                self.write_out_cache();
+                            if let Some(pays) = pays {
+                                self.write_out_cache(pays);
                             }
                         }
                     }
@@ -847,12 +857,20 @@ impl Fs {
     /// is committed: a failed flush makes the file system read-only (fail-stop), and the next
     /// operation says so.
     ///
-    /// Only the streams holding that data are written out and waited for (each up to its
-    /// newest block held, with the dependencies those transactions record), not every stream:
-    /// another stream's fsync meanwhile runs its own flush round (issue 16, fsync isolation).
-    pub(crate) fn write_out_cache(&self) {
+    /// Only the streams [`Fs::cache_pays`] names are written out and waited for (each up to
+    /// its newest block held, with the dependencies those transactions record), not every
+    /// stream: another stream's fsync meanwhile runs its own flush round (issue 16, fsync
+    /// isolation).
+    pub(crate) fn write_out_cache(&self, pays: CachePays) {
         let wants: Vec<tally_log::TxId> = match lock(&self.state) {
-            Ok(st) => st.cached.0.iter().filter_map(|q| q.back().map(|c| c.tx)).collect(),
+            Ok(st) => st
+                .cached
+                .0
+                .iter()
+                .enumerate()
+                .filter(|&(s, _)| pays == CachePays::All || pays == CachePays::Stream(s))
+                .filter_map(|(_, q)| q.back().map(|c| c.tx))
+                .collect(),
             Err(_) => return,
         };
         if let Err(e) = self.log.wait_durable_all(&wants) {
@@ -863,6 +881,31 @@ impl Fs {
         if let Ok(mut st) = lock(&self.state) {
             self.prune_cache(&mut st);
         }
+    }
+
+    /// Who pays for the data held in memory once a commit on `stream` leaves it past
+    /// [`CACHE_LIMIT`]: the streams holding more than their share, not whoever happens to
+    /// commit next. Past the limit, an operation whose stream holds at least the average of
+    /// the streams holding data writes that stream out and waits for it; an operation on a
+    /// lighter stream goes on. Past twice the limit, every operation writes everything out
+    /// and waits (the bound on memory whatever the writers do). Before, any operation past
+    /// the limit waited for all of it: a 4 KiB write beside a program streaming 1 MiB writes
+    /// waited 150-250 ms for the streamer's 64 MiB to reach the device (issue 16,
+    /// `examples/small_beside_large.rs`). A stream whose writer stopped past the limit keeps
+    /// its data until a durable wait, the maintenance thread or the hard bound writes it out.
+    pub(crate) fn cache_pays(&self, st: &State, stream: u16) -> Option<CachePays> {
+        if st.cached_bytes <= CACHE_LIMIT {
+            return None;
+        }
+        if st.cached_bytes > 2 * CACHE_LIMIT {
+            return Some(CachePays::All);
+        }
+        let held = |q: &std::collections::VecDeque<crate::state::Cached>| q.len();
+        let total: usize = st.cached.0.iter().map(held).sum();
+        let holding = st.cached.0.iter().filter(|q| !q.is_empty()).count();
+        let s = usize::from(stream);
+        let mine = st.cached.0.get(s).map_or(0, held);
+        (mine > 0 && mine.saturating_mul(holding) >= total).then_some(CachePays::Stream(s))
     }
 
     /// Is space low enough that cleaning must run before an operation? Any operation asks
@@ -986,6 +1029,14 @@ impl Fs {
         }
     }
 
+    /// [`Fs::submit_deferred`] for an operation that committed on `stream`: its own
+    /// stream's write-out only (`Log::submit_deferred_of`).
+    pub(crate) fn submit_deferred_of(&self, stream: u16) {
+        if let Err(e) = self.log.submit_deferred_of(stream) {
+            let _ = self.fail(e);
+        }
+    }
+
     /// [`Fs::fail`] with the state lock held.
     pub(crate) fn fail_locked(st: &mut State, e: LogError) -> FsError {
         let e = FsError::from(e);
@@ -1019,6 +1070,34 @@ mod tests {
 
     /// 256 KiB in 4 KiB blocks.
     const BUDGET_BLOCKS: u64 = 64;
+
+    /// Past the cache limit, the streams holding at least the average pay, lighter ones go
+    /// on; past twice the limit everyone pays; under it no one.
+    #[test]
+    fn the_heavy_streams_pay_for_the_cache() {
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 16384).unwrap());
+        Fs::mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+        let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+        let mut st = lock(&fs.state).unwrap();
+        let hold = |st: &mut State, stream: u16, blocks: u64| {
+            let after = st.cached.0.get(usize::from(stream)).map_or(0, |q| q.len() as u64);
+            for b in 0..blocks {
+                let tx = tally_log::TxId { stream, seq: after + 1 + b };
+                st.cached.push(crate::state::Cached { tx, ino: 9, block: b, ver: 1 });
+            }
+            st.cached_bytes += usize::try_from(blocks).unwrap() * 4096;
+        };
+        let limit_blocks = (CACHE_LIMIT / 4096) as u64;
+        hold(&mut st, 0, limit_blocks - 10);
+        hold(&mut st, 1, 5);
+        assert_eq!(fs.cache_pays(&st, 0), None, "under the limit");
+        hold(&mut st, 1, 6);
+        assert_eq!(fs.cache_pays(&st, 0), Some(CachePays::Stream(0)), "the heavy stream");
+        assert_eq!(fs.cache_pays(&st, 1), None, "a light stream goes on");
+        assert_eq!(fs.cache_pays(&st, 2), None, "a stream holding nothing goes on");
+        hold(&mut st, 2, limit_blocks);
+        assert_eq!(fs.cache_pays(&st, 1), Some(CachePays::All), "past twice the limit");
+    }
 
     /// Writes 16 KiB at a time (5 blocks of log each, at most) with a maintenance bell that is
     /// never answered: returns the most log written since the last checkpoint snapshot seen
