@@ -72,6 +72,12 @@ pub enum Mutant {
     /// prefix up to them), not their dependencies on other streams: a transaction
     /// acknowledged durable is cut by recovery when a dependency did not reach the media.
     DurableClosureSkipped,
+    /// A checkpoint snapshot is written, and the superblock pointed at it, without first
+    /// making durable the transactions it describes (`Log::checkpoint_snapshot_finish` skips
+    /// its durable wait): a crash keeps a state naming blocks that never reached the media.
+    /// Not in [`Mutant::ALL`] (the explorers take no checkpoint snapshots); tally-fs's
+    /// `tests/checkpoint.rs` `a_checkpoint_names_only_durable_blocks` must catch it.
+    CheckpointBeforeDurable,
 }
 
 impl Mutant {
@@ -126,6 +132,7 @@ impl Mutant {
             Mutant::CleanReadUnchecked => "clean-read-unchecked",
             Mutant::RelocationNotDurable => "relocation-not-durable",
             Mutant::DurableClosureSkipped => "durable-closure-skipped",
+            Mutant::CheckpointBeforeDurable => "checkpoint-before-durable",
         }
     }
 
@@ -183,7 +190,10 @@ impl Mutant {
     /// Parse a kebab-case name.
     #[must_use]
     pub fn from_name(name: &str) -> Option<Mutant> {
-        Mutant::ALL.into_iter().chain([Mutant::CleanReadUnchecked]).find(|m| m.name() == name)
+        Mutant::ALL
+            .into_iter()
+            .chain([Mutant::CleanReadUnchecked, Mutant::CheckpointBeforeDurable])
+            .find(|m| m.name() == name)
     }
 }
 

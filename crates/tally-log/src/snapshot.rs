@@ -91,41 +91,42 @@ impl Log {
     }
 
     /// [`Log::checkpoint_snapshot_parts`] in two steps, so that the caller need not keep
-    /// everyone else from committing while the snapshot is written. `begin` makes everything
-    /// committed durable and takes the streams' positions: the payload handed to `finish`
-    /// must describe exactly what was committed before `begin` returned, and nothing may be
-    /// committed between the two until `begin` has returned (the caller's lock). After it,
-    /// others may commit: their transactions follow the positions taken, so a recovery from
-    /// this snapshot replays them on top. From `begin` to `finish` the superblock is held
-    /// (the returned [`CheckpointStart`]): no stream checkpoint frees the segments the
-    /// positions name, and a commit that must reserve sequence numbers waits (one in
-    /// [`OpenOptions::seq_reserve`](crate::OpenOptions) commits: 2^24 by default). `None`
-    /// (nothing changed) while a large transaction is open, or if a commit came after the
-    /// sync.
+    /// everyone else from committing while the snapshot is made durable and written. `begin`
+    /// takes the streams' positions (no device I/O: the caller may hold a lock others wait
+    /// for): the payload handed to `finish` must describe exactly what was committed before
+    /// `begin` returned, and nothing may be committed between the two until `begin` has
+    /// returned (the caller's lock). After it, others may commit: their transactions follow
+    /// the positions taken, so a recovery from this snapshot replays them on top. From
+    /// `begin` to `finish` the superblock is held (the returned [`CheckpointStart`]): no
+    /// stream checkpoint frees the segments the positions name, and a commit that must
+    /// reserve sequence numbers waits (one in [`OpenOptions::seq_reserve`](crate::OpenOptions)
+    /// commits: 2^24 by default). `None` (nothing changed) while a large transaction is open.
     ///
     /// # Errors
-    /// I/O errors; an earlier failure (fail-stop).
+    /// An earlier failure (fail-stop).
     pub fn checkpoint_snapshot_begin(&self) -> Result<Option<CheckpointStart<'_>>> {
+        self.check_failed()?;
         // An open large transaction's parts are in the log but not in `payload`'s state, and
         // a later close needs them: no checkpoint snapshot while one is open.
         if (0..self.streams.len()).any(|s| self.first_open_run(s).is_some()) {
             return Ok(None);
         }
-        self.sync()?;
         // Superblock, then the streams: the lock order of `raise_seq_limit`.
         let sb = lock(&self.sb);
-        let Some(states) = self.stream_states(true) else {
-            tracing::debug!("a commit came during the checkpoint snapshot; not written");
-            return Ok(None);
-        };
+        let Some(states) = self.stream_states(false) else { return Ok(None) };
         let placed = self.placed_blocks.load(std::sync::atomic::Ordering::Relaxed);
         Ok(Some(CheckpointStart { sb, states, placed }))
     }
 
-    /// The second step of [`Log::checkpoint_snapshot_begin`]: write the streams' positions it
-    /// took and `parts` (the payload, as in [`Log::checkpoint_snapshot_parts`]) to free
+    /// The second step of [`Log::checkpoint_snapshot_begin`]: make everything up to the
+    /// positions it took durable (a durable wait on each stream's last transaction then,
+    /// with the superblock held: a flush round takes no superblock lock), write those
+    /// positions and `parts` (the payload, as in [`Log::checkpoint_snapshot_parts`]) to free
     /// segments, flush, point the superblock at them, and free the previous checkpoint
-    /// snapshot's segments. `false` (nothing changed) when it does not fit.
+    /// snapshot's segments. `false` (nothing changed) when it does not fit. The superblock
+    /// is written only once every transaction the snapshot describes is durable, so a crash
+    /// at any point recovers either the previous checkpoint and the log after it, or this one
+    /// and the log after it.
     ///
     /// # Errors
     /// I/O errors (fail-stop).
@@ -135,6 +136,16 @@ impl Log {
         parts: &[&[u8]],
     ) -> Result<bool> {
         let CheckpointStart { sb, states, placed } = start;
+        let wants: Vec<crate::TxId> = states
+            .iter()
+            .enumerate()
+            .filter_map(|(s, st)| {
+                Some(crate::TxId { stream: u16::try_from(s).ok()?, seq: st.last_seq })
+            })
+            .collect();
+        if !self.mutant(crate::Mutant::CheckpointBeforeDurable) {
+            self.wait_durable_all(&wants)?;
+        }
         let Some(segments) = self.write_snapshot(sb, &states, parts, true)? else {
             return Ok(false);
         };

@@ -446,10 +446,11 @@ impl Fs {
 
     /// Encode the state and write it as a checkpoint snapshot. `_turn`: one checkpoint at a
     /// time (taken before the state lock, never while holding it). The state lock `st` is
-    /// held to make everything durable, bring the kept pieces up to date and take the log's
-    /// positions ([`tally_log::Log::checkpoint_snapshot_begin`]); it is given up while the
-    /// snapshot is written and flushed and the superblock points at it (device I/O of about
-    /// 60 bytes per data block stored: 27 MB at 1.8 GiB), so operations go on meanwhile;
+    /// held to bring the kept pieces up to date, take the log's positions
+    /// ([`tally_log::Log::checkpoint_snapshot_begin`]: no device I/O) and encode; it is given
+    /// up while the log makes everything up to those positions durable, the snapshot is
+    /// written and flushed and the superblock points at it (device I/O of about 60 bytes per
+    /// data block stored: 27 MB at 1.8 GiB), so operations go on meanwhile;
     /// what they commit follows the positions taken, and a crash replays it on top. Taken
     /// again to record the new checkpoint's version: until then cleaning keeps judging
     /// tombstones by the older one, which keeps more of them. Under shuttle the lock is kept
@@ -467,11 +468,12 @@ impl Fs {
             return Ok(false);
         }
         // Everything the state holds is committed (no transaction is open, and operations
-        // commit under this lock): once durable, the state is exactly what the log holds.
-        // The state lock is held: `fail` would take it again (a deadlock, seen when a flush
-        // failed at a checkpoint due after an operation).
-        self.log.sync().map_err(|e| Self::fail_locked(&mut st, e))?;
-        self.prune_cache(&mut st);
+        // commit under this lock): it is exactly what the log holds up to the positions
+        // `checkpoint_snapshot_begin` takes, which `finish` makes durable before it writes
+        // the snapshot, with this lock given up (until 28 Nov a flush under it: 20-30 ms on
+        // an image file during which every operation waited; docs/FS-LOCKING.md). The state
+        // lock is held: `fail` would take it again (a deadlock, seen when a flush failed at a
+        // checkpoint due after an operation).
         // Only the inodes changed since the last checkpoint are encoded again; the others'
         // encodings are handed to the log as they are (`snapshot.rs`, `Chunks`).
         crate::snapshot::refresh_chunks(&mut st);
@@ -499,6 +501,8 @@ impl Fs {
         };
         st.snapshot_buf = parts.into_tail();
         let written = written.map_err(|e| Self::fail_locked(&mut st, e))?;
+        // What the finish made durable leaves memory.
+        self.prune_cache(&mut st);
         if written {
             st.checkpoint_ver = Some(ver);
         }
