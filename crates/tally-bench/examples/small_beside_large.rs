@@ -18,8 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tally_fs::{Fs, MkfsOptions, MountOptions, Owner, ROOT};
-use tally_media::{Device, FileDevice, FileOptions};
+use tally_fs::{Fs, Owner, ROOT};
 
 const ME: Owner = Owner { uid: 0, gid: 0 };
 const LARGE: usize = 1 << 20;
@@ -89,16 +88,7 @@ fn main() -> Res<()> {
         || std::env::temp_dir().join(format!("small-beside-large-{}.img", std::process::id())),
         std::path::PathBuf::from,
     );
-    let file = std::fs::File::create(&path)?;
-    file.set_len(4 << 30)?;
-    drop(file);
-    let dev: Arc<dyn Device> = Arc::new(FileDevice::open(&path, FileOptions::default())?);
-    Fs::mkfs(dev.clone(), &MkfsOptions::default())?;
-    let opts = MountOptions {
-        write_behind: Some(tally_log::WriteBehind::default()),
-        ..MountOptions::default()
-    };
-    let fs = Arc::new(Fs::mount(dev, opts)?);
+    let fs = Arc::new(tally_bench::image::fresh_image_fs(&path, 4 << 30)?);
     // As `tally mount` runs it: checkpoints and cleaning off the operations' path.
     let maintenance = tally_fs::Maintenance::spawn(&fs, Duration::from_secs(5));
     for (round, with_large) in [(0, false), (1, true)] {

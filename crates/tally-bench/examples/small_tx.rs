@@ -8,11 +8,9 @@
 //! perf record -g target/release/examples/small_tx 20000   # where the time goes
 //! ```
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use tally_fs::{Fs, MkfsOptions, MountOptions, Owner, SetAttr, SetTime, Timespec, ROOT};
-use tally_media::{Device, FileDevice, FileOptions};
+use tally_fs::{Owner, SetAttr, SetTime, Timespec, ROOT};
 
 const ME: Owner = Owner { uid: 0, gid: 0 };
 /// Files per directory, as a source tree has them.
@@ -35,16 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files: u32 = args.next().map_or(Ok(10_000), |a| a.parse())?;
     let path =
         args.next().map_or_else(|| std::env::temp_dir().join("tally-small-tx.img"), Into::into);
-    let file = std::fs::File::create(&path)?;
-    file.set_len(1 << 30)?;
-    drop(file);
-    let dev: Arc<dyn Device> = Arc::new(FileDevice::open(&path, FileOptions::default())?);
-    Fs::mkfs(dev.clone(), &MkfsOptions::default())?;
-    let opts = MountOptions {
-        write_behind: Some(tally_log::WriteBehind::default()),
-        ..MountOptions::default()
-    };
-    let fs = Fs::mount(dev, opts)?;
+    let fs = tally_bench::image::fresh_image_fs(&path, 1 << 30).map_err(|e| e.to_string())?;
     let payload: Vec<u8> = (0..FILE_BYTES).map(|i| (i * 7 % 251) as u8).collect();
     let (cpu0, t0) = (cpu_micros(), Instant::now());
     let mut dir = ROOT;

@@ -33,6 +33,7 @@ pub mod crash_mount;
 mod error;
 pub mod fs;
 pub mod fs_peers;
+pub mod image;
 pub mod measure;
 pub mod multicommit;
 pub mod peer;

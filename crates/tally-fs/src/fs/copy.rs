@@ -71,7 +71,7 @@ impl Fs {
                 bytes[(lo - from_offset) as usize..(hi - from_offset) as usize]
                     .copy_from_slice(&data[(lo - bstart) as usize..(hi - bstart) as usize]);
             }
-            self.write_part(st, cx, to, to_offset, &bytes)?;
+            self.write_part(st, cx, to, to_offset, &bytes, &super::data::Whole::default())?;
             Ok(len)
         })
     }

@@ -258,7 +258,7 @@ impl Fs {
             // large writes they were most of the time the lock was held (issue 16).
             let whole = Whole::of(at, part, self.bs);
             let written = self.op(txn, ino, true, |st, cx| {
-                self.write_part_with(st, cx, ino, at, part, &whole)?;
+                self.write_part(st, cx, ino, at, part, &whole)?;
                 match first_drop {
                     Some(suidgid) => drop_privs(st, cx, ino, suidgid),
                     None => Ok(false),
@@ -277,20 +277,9 @@ impl Fs {
         Ok((data.len(), perm_dropped))
     }
 
+    /// Write `data` at `offset` in the state, taking the blocks of `whole` (made from `data`
+    /// beforehand, or none) as they are; every other block is copied (and merged) here.
     pub(crate) fn write_part(
-        &self,
-        st: &mut State,
-        cx: &mut Cx,
-        ino: Ino,
-        offset: u64,
-        data: &[u8],
-    ) -> OpResult<()> {
-        self.write_part_with(st, cx, ino, offset, data, &Whole::default())
-    }
-
-    /// [`Fs::write_part`] taking the blocks of `whole` (made from `data` beforehand) as they
-    /// are; every other block is copied (and merged) here.
-    fn write_part_with(
         &self,
         st: &mut State,
         cx: &mut Cx,
