@@ -111,6 +111,7 @@ pub(crate) enum CachePays {
     /// Every stream holding data (past twice the limit).
     All,
 }
+
 /// Free log segments kept for deletes and cleaning: operations that add data or objects fail
 /// with `ENOSPC` when no more than this many are free; deletes and truncates may use them.
 pub(crate) const RESERVED_SEGMENTS: u32 = 2;
@@ -894,7 +895,7 @@ impl Fs {
     /// lighter stream goes on. Past twice the limit, every operation writes everything out
     /// and waits (the bound on memory whatever the writers do). Before, any operation past
     /// the limit waited for all of it: a 4 KiB write beside a program streaming 1 MiB writes
-    /// waited 150-250 ms for the streamer's 64 MiB to reach the device (issue 16,
+    /// waited for the streamer's 64 MiB to reach the device (issue 16,
     /// `examples/small_beside_large.rs`). A stream whose writer stopped past the limit keeps
     /// its data until a durable wait, the maintenance thread or the hard bound writes it out.
     pub(crate) fn cache_pays(&self, st: &State, stream: u16) -> Option<CachePays> {
