@@ -52,7 +52,7 @@ impl Log {
     pub fn close_clean(self, payload: &[u8]) -> Result<bool> {
         self.sync()?;
         let sb = lock(&self.sb);
-        let Some(states) = self.stream_states(false) else { return Ok(false) };
+        let states = self.stream_states();
         Ok(self.write_snapshot(sb, &states, &[payload], false)?.is_some())
     }
 
@@ -113,7 +113,7 @@ impl Log {
         }
         // Superblock, then the streams: the lock order of `raise_seq_limit`.
         let sb = lock(&self.sb);
-        let Some(states) = self.stream_states(false) else { return Ok(None) };
+        let states = self.stream_states();
         let placed = self.placed_blocks.load(std::sync::atomic::Ordering::Relaxed);
         Ok(Some(CheckpointStart { sb, states, placed }))
     }
@@ -270,9 +270,8 @@ impl Log {
         Ok(Some(header.segments))
     }
 
-    /// Every stream's position and placed transactions; `None` when `all_durable` and a stream
-    /// holds a transaction that is not durable (committed after the caller's sync).
-    fn stream_states(&self, all_durable: bool) -> Option<Vec<StreamState>> {
+    /// Every stream's position and placed transactions.
+    fn stream_states(&self) -> Vec<StreamState> {
         let placed = |p: &Placed| PlacedTx {
             seq: p.seq,
             epoch: p.epoch,
@@ -286,17 +285,14 @@ impl Log {
             .iter()
             .map(|st| {
                 let st = lock(st);
-                if all_durable && st.durable < st.last_seq {
-                    return None;
-                }
-                Some(StreamState {
+                StreamState {
                     last_seq: st.last_seq,
                     segment: st.segment,
                     offset: st.offset,
                     next_segment: st.next_segment,
                     chain: st.chain.iter().copied().collect(),
                     placed: st.placed.iter().map(placed).collect(),
-                })
+                }
             })
             .collect()
     }
