@@ -200,7 +200,10 @@ fn checkpoint_then_power_loss(mutant: Option<tally_log::Mutant>) -> Option<Strin
     let image = sim.durable_image().clone();
     drop(fs);
     let dev: Arc<dyn Device> = Arc::new(CrashDevice::from_image(image, CrashConfig::with_seed(6)));
-    let fs = Fs::mount(dev, MountOptions::default()).ok()?;
+    let fs = match Fs::mount(dev, MountOptions::default()) {
+        Ok(fs) => fs,
+        Err(e) => return Some(format!("the mount after the crash failed: {e}")),
+    };
     if !fs.mount_report().from_checkpoint {
         return Some("the mount did not start from the checkpoint".into());
     }
