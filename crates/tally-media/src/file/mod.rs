@@ -344,6 +344,30 @@ impl FileDevice {
     }
 }
 
+impl FileDevice {
+    /// [`Device::submit_stream`], [`uring::NO_STREAM`] for a plain [`Device::submit`].
+    fn submit_for(&self, stream: u16, writes: Vec<Write>, flags: WriteFlags) -> Result<Ticket> {
+        check_write(&self.geometry, &writes)?;
+        let ticket = self.tracker.begin(writes.len())?;
+        self.counters.submission();
+        let jobs: Vec<(u64, IoBuf)> = writes
+            .into_iter()
+            .map(|write| {
+                self.counters.write(write.data.len(), flags.fua);
+                (self.byte_offset(write.block), write.data)
+            })
+            .collect();
+        if jobs.is_empty() {
+            return Ok(ticket);
+        }
+        match &self.writer {
+            Writer::Uring(ring) => ring.submit(ticket, stream, jobs, flags.fua)?,
+            Writer::Threads(pool) => pool.submit(ticket, jobs, flags.fua),
+        }
+        Ok(ticket)
+    }
+}
+
 impl Device for FileDevice {
     fn geometry(&self) -> Geometry {
         self.geometry
@@ -370,24 +394,13 @@ impl Device for FileDevice {
     }
 
     fn submit(&self, writes: Vec<Write>, flags: WriteFlags) -> Result<Ticket> {
-        check_write(&self.geometry, &writes)?;
-        let ticket = self.tracker.begin(writes.len())?;
-        self.counters.submission();
-        let jobs: Vec<(u64, IoBuf)> = writes
-            .into_iter()
-            .map(|write| {
-                self.counters.write(write.data.len(), flags.fua);
-                (self.byte_offset(write.block), write.data)
-            })
-            .collect();
-        if jobs.is_empty() {
-            return Ok(ticket);
-        }
-        match &self.writer {
-            Writer::Uring(ring) => ring.submit(ticket, jobs, flags.fua)?,
-            Writer::Threads(pool) => pool.submit(ticket, jobs, flags.fua),
-        }
-        Ok(ticket)
+        self.submit_for(uring::NO_STREAM, writes, flags)
+    }
+
+    /// The io_uring engine shares its room between streams (a heavy stream leaves some to the
+    /// others: `uring.rs`); the thread pool's queue is first come, first served.
+    fn submit_stream(&self, stream: u16, writes: Vec<Write>, flags: WriteFlags) -> Result<Ticket> {
+        self.submit_for(stream, writes, flags)
     }
 
     fn wait(&self, ticket: Ticket) -> Result<()> {
