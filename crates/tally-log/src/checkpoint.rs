@@ -37,7 +37,8 @@ impl Log {
                     "stream {stream}: checkpoint at {seq} would pass open large transaction {run}"
                 )));
             }
-            let Some(p) = st.placed.iter().find(|p| p.seq == seq).copied() else {
+            let found = st.placed.binary_search_by_key(&seq, |p| p.seq).ok();
+            let Some(p) = found.and_then(|i| st.placed.get(i)).copied() else {
                 return Err(LogError::Invalid(format!(
                     "stream {stream} has no transaction {seq} to checkpoint"
                 )));

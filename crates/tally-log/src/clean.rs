@@ -75,6 +75,25 @@ impl CleanPending {
     }
 }
 
+/// The transactions of `placed` (a stream's, since its checkpoint, in order) that end in its
+/// oldest segment `segment`, below sequence number `below`. They come first: the stream fills
+/// its chain's segments in order, so the transactions ending in the oldest are a prefix of
+/// `placed`. Taken from the front, so the cost is theirs, not the whole list's (a stream of
+/// small transactions holds hundreds of thousands; scanning all of them from the back, on
+/// every look at the oldest segment, was a third of the maintenance thread's time beside a
+/// program streaming 1 MiB writes, 28 Nov).
+fn oldest_run(
+    placed: &std::collections::VecDeque<crate::engine::Placed>,
+    segment: u32,
+    below: u64,
+) -> impl Iterator<Item = &crate::engine::Placed> {
+    debug_assert!(
+        placed.iter().skip_while(|p| p.end_segment == segment).all(|p| p.end_segment != segment),
+        "transactions ending in the oldest segment {segment} are not a prefix of the stream's"
+    );
+    placed.iter().take_while(move |p| p.end_segment == segment && p.seq < below)
+}
+
 impl Log {
     /// What must be durable before stream `stream`'s transactions up to `upto` are read back
     /// from the device: `upto`, or a later close of a large transaction (a part read must be
@@ -220,11 +239,11 @@ impl Log {
             let Some(&segment) = st.chain.front().filter(|_| st.chain.len() > 1) else {
                 return Ok(None);
             };
-            let mut in_it = st.placed.iter().filter(|p| p.end_segment == segment);
+            let mut in_it = oldest_run(&st.placed, segment, u64::MAX);
             let Some(first) = in_it.next().map(|p| p.seq) else {
                 return Ok(Some((segment, Vec::new())));
             };
-            (segment, first, in_it.next_back().map_or(first, |p| p.seq))
+            (segment, first, in_it.last().map_or(first, |p| p.seq))
         };
         self.wait_durable(TxId { stream, seq: self.read_horizon(stream, upto) })?;
         let sb = lock(&self.sb).sb.clone();
@@ -374,13 +393,7 @@ impl Log {
                 return Ok(None);
             };
             let open_run = st.runs.keys().next().copied().unwrap_or(u64::MAX);
-            let Some(upto) = st
-                .placed
-                .iter()
-                .rev()
-                .find(|p| p.end_segment == segment && p.seq < open_run)
-                .map(|p| p.seq)
-            else {
+            let Some(upto) = oldest_run(&st.placed, segment, open_run).last().map(|p| p.seq) else {
                 return Ok(None);
             };
             st.placed.iter().map(|p| p.seq).take_while(|&seq| seq <= upto).collect()
