@@ -342,9 +342,7 @@ impl FileDevice {
             MediaError::Io { op: "pread", source }
         })
     }
-}
 
-impl FileDevice {
     /// [`Device::submit_stream`], [`uring::NO_STREAM`] for a plain [`Device::submit`].
     fn submit_for(&self, stream: u16, writes: Vec<Write>, flags: WriteFlags) -> Result<Ticket> {
         check_write(&self.geometry, &writes)?;
