@@ -79,7 +79,7 @@ impl CleanPending {
 /// oldest segment `segment`, below sequence number `below`. They come first: the stream fills
 /// its chain's segments in order, so the transactions ending in the oldest are a prefix of
 /// `placed`. Taken from the front, so the cost is theirs, not the whole list's (a stream of
-/// small transactions holds hundreds of thousands; scanning all of them from the back, on
+/// small transactions can hold hundreds of thousands; scanning all of them from the back, on
 /// every look at the oldest segment, was a third of the maintenance thread's time beside a
 /// program streaming 1 MiB writes, 28 Nov).
 fn oldest_run(
