@@ -220,16 +220,15 @@ impl Uring {
         fua: bool,
     ) -> Result<()> {
         let shared = &*self.shared;
-        let mut left = writes.len();
         let mut writes = writes.into_iter();
-        while left > 0 {
-            let admitted = match shared.admit(ticket, stream, &mut writes, &mut left, fua) {
+        while writes.len() > 0 {
+            let admitted = match shared.admit(ticket, stream, &mut writes, fua) {
                 Ok(admitted) => admitted,
                 Err(failure) => {
                     // The writes not yet admitted will never run: complete them, failed, so
                     // that waiters do not hang. Those already pushed complete through the
                     // reaper.
-                    for _ in 0..left {
+                    for _ in 0..writes.len() {
                         shared.tracker.complete(ticket, Err(failure.clone()));
                     }
                     return Err(failure.to_error());
@@ -246,7 +245,7 @@ impl Uring {
                             shared.tracker.complete(ticket, Err(failure.clone()));
                         }
                     }
-                    for _ in 0..left {
+                    for _ in 0..writes.len() {
                         shared.tracker.complete(ticket, Err(failure.clone()));
                     }
                     drop(ops);
@@ -256,7 +255,7 @@ impl Uring {
             }
             if let Err(failure) = shared.enter_submit() {
                 // What was pushed goes in at the next enter, or is abandoned at shutdown.
-                for _ in 0..left {
+                for _ in 0..writes.len() {
                     shared.tracker.complete(ticket, Err(failure.clone()));
                 }
                 return Err(failure.to_error());
@@ -352,15 +351,14 @@ impl Shared {
         len < self.in_flight_max && (ops.held(stream) < self.heavy_from || len < self.heavy_room)
     }
 
-    /// Take room in the op table for as many of `writes` (`left` of them not yet taken) as
+    /// Take room in the op table for as many of `writes` (those not taken yet) as
     /// `stream` may have now, waiting for room with no other lock held while there is none for
     /// the first; returns each admitted op's id and its SQE, to be pushed under `sq_lock`.
     fn admit(
         &self,
         ticket: Ticket,
         stream: u16,
-        writes: &mut impl Iterator<Item = (u64, IoBuf)>,
-        left: &mut usize,
+        writes: &mut std::vec::IntoIter<(u64, IoBuf)>,
         fua: bool,
     ) -> std::result::Result<Vec<(u64, io_uring::squeue::Entry)>, Failure> {
         let mut ops = lock(&self.ops);
@@ -383,9 +381,8 @@ impl Shared {
                 .0;
         }
         let mut admitted = Vec::new();
-        while *left > 0 && self.admits(&ops, stream) {
+        while self.admits(&ops, stream) {
             let Some((offset, data)) = writes.next() else { break };
-            *left -= 1;
             let id = ops.op_next;
             ops.op_next += 1;
             debug_assert!(id != SHUTDOWN_USER_DATA);
