@@ -302,8 +302,22 @@ pub(crate) struct LiveTotals {
 
 /// Data blocks and record bytes of the live state ([`LiveTotals`], brought up to date).
 pub(crate) fn live_parts(st: &mut State) -> (u64, u64) {
-    let sizes = record_sizes();
     let changed = st.inodes.take_changed_live();
+    retotal(st, changed)
+}
+
+/// [`live_parts`] for at most `n` of the inodes marked changed: a slice of the work a
+/// checkpoint does before it takes the state lock for the rest (`Fs::refresh_kept_in_slices`).
+/// Returns how many inodes stay marked.
+pub(crate) fn live_parts_some(st: &mut State, n: usize) -> usize {
+    let some = st.inodes.take_changed_live_some(n);
+    retotal(st, some);
+    st.inodes.changed_live_len()
+}
+
+/// Bring the totals up to date with the inodes `changed`.
+fn retotal(st: &mut State, changed: impl IntoIterator<Item = Ino>) -> (u64, u64) {
+    let sizes = record_sizes();
     let State { inodes, live_totals: t, .. } = st;
     for ino in changed {
         if let Some((d, b)) = t.per_ino.remove(&ino) {

@@ -74,16 +74,107 @@ pub(crate) type Piece = std::sync::Arc<Box<[u8]>>;
 /// Each inode's encoding (what [`encode`] writes for it) as the last checkpoint made it, kept
 /// in memory in place of one buffer holding the whole encoding: a checkpoint encodes again
 /// only the inodes changed since ([`crate::state::Inodes`] marks them), and hands the log
-/// every other one's bytes as they are ([`encode_parts`]). Not part of the state.
+/// every other one's bytes as they are ([`encode_parts`]). Not part of the state. A persistent
+/// ordered map: a checkpoint takes every chunk in inode order with an O(1) clone under the
+/// state lock; collecting, sorting and cloning 200,000 of them one by one held it 17-50 ms
+/// (`examples/checkpoint_hold.rs`).
 #[derive(Debug, Default)]
 pub(crate) struct Chunks {
-    by_ino: crate::state::InoMap<Piece>,
+    by_ino: imbl::OrdMap<Ino, Piece>,
 }
 
 /// Bring `st.chunks` up to date: encode every inode marked changed since the last call (and
 /// any without a chunk yet), drop the chunks of inodes gone.
 pub(crate) fn refresh_chunks(st: &mut State) {
     let changed = st.inodes.take_changed();
+    rechunk(st, changed);
+    if st.chunks.by_ino.len() != st.inodes.len() {
+        // Not reached when every change is marked (a mount marks every inode it loads); a
+        // missing chunk is encoded rather than trusted to be there.
+        for (&ino, inode) in &st.inodes {
+            if !st.chunks.by_ino.contains_key(&ino) {
+                st.chunks.by_ino.insert(ino, chunk(inode));
+            }
+        }
+        let State { chunks, inodes, .. } = st;
+        let gone: Vec<Ino> =
+            chunks.by_ino.keys().filter(|ino| !inodes.contains_key(ino)).copied().collect();
+        for ino in gone {
+            chunks.by_ino.remove(&ino);
+        }
+    }
+}
+
+/// The marks of the kept pieces (inodes whose chunk, record keys whose count changed), taken
+/// from the state in one hold of its lock by a checkpoint that brings the pieces up to date in
+/// slices before its own hold (`Fs::refresh_kept_in_slices`), then worked through a slice per
+/// hold ([`Marks::refresh_slice`]). The sets are moved out, not copied; they are sorted with
+/// the lock given up ([`Marks::sort`]). What changes meanwhile is marked anew in the state and
+/// brought up to date later. Only checkpoints read these marks (one at a time), so none sees
+/// the pieces while marks are out; a file system that fails meanwhile (a poisoned lock)
+/// checkpoints no more.
+#[derive(Debug, Default)]
+pub(crate) struct Marks {
+    inodes: Vec<Ino>,
+    /// Record keys with their group, sorted by group once [`Marks::sort`] ran: a group is
+    /// merged once, whole, in one slice.
+    keys: Vec<(u128, Key)>,
+    taken_inodes: HashSet<Ino, crate::state::InoHash>,
+    taken_keys: HashSet<Key, crate::state::KeyHash>,
+    inodes_at: usize,
+    keys_at: usize,
+}
+
+impl Marks {
+    /// Move the marks out of `st` (O(1)). The record keys' marks only once the groups are
+    /// built: the first refresh after a mount builds them whole.
+    pub(crate) fn take(st: &mut State) -> Marks {
+        let taken_keys = if st.counts.built {
+            std::mem::take(&mut st.counts.changed)
+        } else {
+            HashSet::default()
+        };
+        Marks { taken_inodes: st.inodes.take_changed(), taken_keys, ..Marks::default() }
+    }
+
+    /// How many marks were taken.
+    pub(crate) fn len(&self) -> usize {
+        self.taken_inodes.len() + self.inodes.len() + self.taken_keys.len() + self.keys.len()
+    }
+
+    /// Order the marks (call it with the lock given up).
+    pub(crate) fn sort(&mut self) {
+        self.inodes.extend(self.taken_inodes.drain());
+        self.keys.extend(self.taken_keys.drain().map(|k| (group_of(&k), k)));
+        self.keys.sort_unstable_by_key(|a| a.0);
+    }
+
+    /// Bring up to date the chunks of the next `n` inodes and the groups of the next `4 n`
+    /// keys or so (whole groups); true once every mark is done.
+    pub(crate) fn refresh_slice(&mut self, st: &mut State, n: usize) -> bool {
+        let to = self.inodes.len().min(self.inodes_at.saturating_add(n));
+        rechunk(st, self.inodes[self.inodes_at..to].iter().copied());
+        self.inodes_at = to;
+        let mut to = self.keys.len().min(self.keys_at.saturating_add(n.saturating_mul(4)));
+        while to < self.keys.len() && to > 0 && self.keys[to].0 == self.keys[to - 1].0 {
+            to += 1;
+        }
+        let State { key_count, counts, .. } = st;
+        if counts.built {
+            let slice = self.keys[self.keys_at..to].iter().map(|(_, k)| k);
+            if merge_groups(&mut counts.groups, slice, key_count).is_none() {
+                // A kept group did not decode (a bug): the next refresh encodes them all.
+                counts.built = false;
+                counts.changed.clear();
+            }
+        }
+        self.keys_at = to;
+        self.inodes_at == self.inodes.len() && self.keys_at == self.keys.len()
+    }
+}
+
+/// Encode the chunks of `changed` anew (drop those of inodes gone).
+fn rechunk(st: &mut State, changed: impl IntoIterator<Item = Ino>) {
     for ino in changed {
         match st.inodes.get(&ino) {
             Some(inode) => {
@@ -93,15 +184,6 @@ pub(crate) fn refresh_chunks(st: &mut State) {
                 st.chunks.by_ino.remove(&ino);
             }
         }
-    }
-    if st.chunks.by_ino.len() != st.inodes.len() {
-        // Not reached when every change is marked (a mount marks every inode it loads); a
-        // missing chunk is encoded rather than trusted to be there.
-        for (&ino, inode) in &st.inodes {
-            st.chunks.by_ino.entry(ino).or_insert_with(|| chunk(inode));
-        }
-        let State { chunks, inodes, .. } = st;
-        chunks.by_ino.retain(|ino, _| inodes.contains_key(ino));
     }
 }
 
@@ -128,7 +210,9 @@ const GROUP_INODES_SHIFT: u32 = 10;
 /// that sort and encoding. Not part of the state.
 #[derive(Debug, Default)]
 pub(crate) struct CountGroups {
-    groups: BTreeMap<u128, Piece>,
+    /// Persistent, as [`Chunks`]: a checkpoint takes them all with an O(1) clone (a file with
+    /// blocks has a group of its own, so there are about as many groups as files).
+    groups: imbl::OrdMap<u128, Piece>,
     /// Keys whose count changed since the groups were brought up to date.
     changed: HashSet<Key, crate::state::KeyHash>,
     /// Whether `groups` hold every count but those of `changed`: not before the first
@@ -180,27 +264,10 @@ pub(crate) fn refresh_counts(st: &mut State) -> usize {
     let State { key_count, counts, .. } = st;
     if counts.built {
         let changed = std::mem::take(&mut counts.changed);
-        let mut keys: Vec<(u128, &Key)> = changed.iter().map(|k| (group_of(k), k)).collect();
-        keys.sort_unstable();
-        let mut merged_all = true;
-        let mut merged = 0;
-        for run in keys.chunk_by(|a, b| a.0 == b.0) {
-            merged += 1;
-            let old = counts.groups.remove(&run[0].0);
-            let Some(bytes) =
-                merge_group(old.as_deref().map(|b| &b[..]), run.iter().map(|e| e.1), key_count)
-            else {
-                merged_all = false;
-                break;
-            };
-            if !bytes.is_empty() {
-                counts.groups.insert(run[0].0, Piece::new(bytes));
-            }
-        }
-        drop(keys);
+        let merged = merge_groups(&mut counts.groups, changed.iter(), key_count);
         counts.changed = changed;
         counts.changed.clear();
-        if merged_all {
+        if let Some(merged) = merged {
             return merged;
         }
     }
@@ -223,6 +290,28 @@ pub(crate) fn refresh_counts(st: &mut State) -> usize {
     }
     counts.built = true;
     counts.groups.len()
+}
+
+/// Merge each group holding one of `changed` anew ([`merge_group`]); the number of groups
+/// merged, or `None` if a kept group did not decode.
+fn merge_groups<'k>(
+    groups: &mut imbl::OrdMap<u128, Piece>,
+    changed: impl Iterator<Item = &'k Key>,
+    key_count: &crate::state::KeyMap<u32>,
+) -> Option<usize> {
+    let mut keys: Vec<(u128, &Key)> = changed.map(|k| (group_of(k), k)).collect();
+    keys.sort_unstable();
+    let mut merged = 0;
+    for run in keys.chunk_by(|a, b| a.0 == b.0) {
+        merged += 1;
+        let old = groups.remove(&run[0].0);
+        let bytes =
+            merge_group(old.as_deref().map(|b| &b[..]), run.iter().map(|e| e.1), key_count)?;
+        if !bytes.is_empty() {
+            groups.insert(run[0].0, Piece::new(bytes));
+        }
+    }
+    Some(merged)
 }
 
 /// A group's bytes with the counts of `changed` (sorted, all of the group) as `key_count` has
@@ -273,19 +362,44 @@ fn merge_group<'k>(
     Some(o.into_vec().into_boxed_slice())
 }
 
-/// [`encode`]'s bytes as pieces ([`encode_parts`]), held apart from the state: the kept
-/// pieces shared, the rest owned.
+/// [`encode`]'s bytes as pieces ([`encode_parts`]), taken under the state lock: the kept
+/// pieces and the per-inode record counts shared (persistent maps, taken in O(1)), the rest
+/// owned. [`Taken::seal`] encodes the per-inode counts, with the lock given up.
+#[derive(Debug, Default)]
+pub(crate) struct Taken {
+    head: Vec<u8>,
+    chunks: imbl::OrdMap<Ino, Piece>,
+    mid: Vec<u8>,
+    groups: Option<imbl::OrdMap<u128, Piece>>,
+    ino_count: imbl::OrdMap<Ino, u32>,
+    tombs: imbl::OrdMap<Key, u64>,
+    freed: imbl::OrdMap<Ino, u64>,
+    /// The buffer the bookkeeping is encoded into (the last checkpoint's).
+    tail: Vec<u8>,
+}
+
+impl Taken {
+    /// Encode what was taken shared and not encoded yet; call it with the state lock given up.
+    pub(crate) fn seal(self) -> Parts {
+        let Taken { head, chunks, mid, groups, ino_count, tombs, freed, tail } = self;
+        let mut o = Appender::reusing(tail, 0);
+        put_bookkeeping_after_counts(&mut o, &ino_count, &tombs, &freed);
+        Parts { head, chunks, mid, groups: groups.unwrap_or_default(), tail: o.into_vec() }
+    }
+}
+
+/// [`encode`]'s bytes as pieces ([`Taken::seal`]), held apart from the state.
 #[derive(Debug, Default)]
 pub(crate) struct Parts {
     /// The header.
     head: Vec<u8>,
-    /// Each inode's chunk in inode order.
-    chunks: Vec<Piece>,
+    /// Each inode's chunk, in inode order.
+    chunks: imbl::OrdMap<Ino, Piece>,
     /// The number of record counts, and the counts themselves when the groups were not
     /// brought up to date.
     mid: Vec<u8>,
     /// The record counts' groups in order (empty when in `mid`).
-    groups: Vec<Piece>,
+    groups: imbl::OrdMap<u128, Piece>,
     /// Per-inode counts, tombstones, freed inodes.
     tail: Vec<u8>,
 }
@@ -297,9 +411,9 @@ impl Parts {
             self.chunks.len().saturating_add(self.groups.len()).saturating_add(3),
         );
         v.push(&self.head);
-        v.extend(self.chunks.iter().map(|c| &c[..]));
+        v.extend(self.chunks.values().map(|c| &c[..]));
         v.push(&self.mid);
-        v.extend(self.groups.iter().map(|g| &g[..]));
+        v.extend(self.groups.values().map(|g| &g[..]));
         v.push(&self.tail);
         v
     }
@@ -315,8 +429,10 @@ impl Parts {
 /// changed since): the header, each inode's chunk in inode order, the number of record
 /// counts, the counts' groups in order, and the per-inode counts, tombstones and freed inodes
 /// (into `tail`'s allocation, kept from the last checkpoint: mapped already). Their
-/// concatenation is exactly `encode(st)` (tests check it).
-pub(crate) fn encode_parts(st: &State, tail: Vec<u8>) -> Parts {
+/// concatenation is exactly `encode(st)` (tests check it). Under the state lock this costs
+/// the header, not what is stored: the kept pieces and the bookkeeping are taken whole in
+/// O(1) (persistent maps) and the bookkeeping is encoded by [`Taken::seal`].
+pub(crate) fn encode_parts(st: &State, tail: Vec<u8>) -> Taken {
     let mut o = Appender::with_capacity(64);
     put_header(&mut o, st);
     let head = o.into_vec();
@@ -328,15 +444,17 @@ pub(crate) fn encode_parts(st: &State, tail: Vec<u8>) -> Parts {
         put_counts(&mut o, st);
     }
     let mid = o.into_vec();
-    let mut o = Appender::reusing(tail, 0);
-    put_bookkeeping_after_counts(&mut o, st);
-    let tail = o.into_vec();
-    let mut inos: Vec<Ino> = st.inodes.keys().copied().collect();
-    inos.sort_unstable();
-    let chunks = inos.iter().filter_map(|i| st.chunks.by_ino.get(i)).cloned().collect();
-    let groups =
-        if groups_ready { st.counts.groups.values().cloned().collect() } else { Vec::new() };
-    Parts { head, chunks, mid, groups, tail }
+    debug_assert_eq!(st.chunks.by_ino.len(), st.inodes.len(), "chunks not brought up to date");
+    Taken {
+        head,
+        chunks: st.chunks.by_ino.clone(),
+        mid,
+        groups: groups_ready.then(|| st.counts.groups.clone()),
+        ino_count: st.ino_count.clone(),
+        tombs: st.tombs.clone(),
+        freed: st.freed.clone(),
+        tail,
+    }
 }
 
 /// The snapshot's start: magic, version, the file system's numbers, the inode count.
@@ -396,7 +514,7 @@ fn put_inode(o: &mut Appender, inode: &Inode) {
 fn put_bookkeeping(o: &mut Appender, st: &State) {
     o.len_u64(st.key_count.len());
     put_counts(o, st);
-    put_bookkeeping_after_counts(o, st);
+    put_bookkeeping_after_counts(o, &st.ino_count, &st.tombs, &st.freed);
 }
 
 /// The record counts, sorted (without their number).
@@ -408,19 +526,24 @@ fn put_counts(o: &mut Appender, st: &State) {
 }
 
 /// The bookkeeping after the record counts: per-inode counts, tombstones, freed inodes.
-fn put_bookkeeping_after_counts(o: &mut Appender, st: &State) {
-    o.len_u64(st.ino_count.len());
-    for (i, c) in sorted_inos(&st.ino_count) {
+fn put_bookkeeping_after_counts(
+    o: &mut Appender,
+    ino_count: &imbl::OrdMap<Ino, u32>,
+    tombs: &imbl::OrdMap<Key, u64>,
+    freed: &imbl::OrdMap<Ino, u64>,
+) {
+    o.len_u64(ino_count.len());
+    for (&i, &c) in ino_count {
         o.u64(i);
         o.u32(c);
     }
-    o.len_u64(st.tombs.len());
-    for (k, v) in sorted_keys(&st.tombs) {
+    o.len_u64(tombs.len());
+    for (k, &v) in tombs {
         put_key(o, k);
         o.u64(v);
     }
-    o.len_u64(st.freed.len());
-    for (i, v) in sorted_inos(&st.freed) {
+    o.len_u64(freed.len());
+    for (&i, &v) in freed {
         o.u64(i);
         o.u64(v);
     }
@@ -556,13 +679,6 @@ fn name_prefix(name: &[u8]) -> u128 {
     let n = name.len().min(16);
     b[..n].copy_from_slice(&name[..n]);
     u128::from_be_bytes(b)
-}
-
-/// A map keyed by inode number, in the numbers' order.
-fn sorted_inos<V: Copy, S>(m: &HashMap<Ino, V, S>) -> Vec<(Ino, V)> {
-    let mut v: Vec<(Ino, V)> = m.iter().map(|(&i, &x)| (i, x)).collect();
-    v.sort_unstable_by_key(|&(i, _)| i);
-    v
 }
 
 fn bad(what: &str) -> FsError {
@@ -975,7 +1091,7 @@ mod tests {
             let groups = refresh_counts(&mut st);
             assert!(st.counts.built && st.counts.changed.is_empty(), "{what}: groups not ready");
             let whole = encode(&st);
-            let pieces: Vec<u8> = encode_parts(&st, Vec::new()).slices().concat();
+            let pieces: Vec<u8> = encode_parts(&st, Vec::new()).seal().slices().concat();
             assert!(pieces == whole, "{what}: the pieces differ from the whole encoding");
             assert!(
                 what != "one overwrite" || groups <= 3,
@@ -997,6 +1113,8 @@ mod tests {
         check(&fs, "creates and writes");
         fs.write(None, files[0], 4096, &[9; 4096]).unwrap();
         assert!(check(&fs, "one overwrite") <= 2, "more than the written file encoded again");
+        fs.sync().unwrap();
+        assert_eq!(check(&fs, "its bytes made durable and let go of"), 0);
         let trunc = SetAttr { size: Some(5000), ..SetAttr::default() };
         fs.setattr(None, files[1], &trunc).unwrap();
         check(&fs, "truncate");
@@ -1034,5 +1152,107 @@ mod tests {
         fs = Fs::mount(dev, MountOptions::default()).unwrap();
         check(&fs, "remount");
         assert_eq!(check(&fs, "nothing changed"), 0);
+    }
+
+    /// A checkpoint brings the kept pieces up to date in slices, the state lock given up
+    /// between them, while other threads change files (`Fs::refresh_kept_in_slices`): slices
+    /// taken between changes, then the rest, still give exactly the whole encoding and the
+    /// walked space totals; and the slices leave at most one slice's marks for the
+    /// checkpoint's own hold.
+    #[test]
+    fn refreshing_in_slices_between_changes_gives_the_whole_encoding() {
+        use std::sync::Arc;
+        use tally_media::{Device, MemDevice};
+
+        use crate::{Fs, MkfsOptions, MountOptions, Owner, SetAttr, ROOT};
+        const ME: Owner = Owner { uid: 1000, gid: 1000 };
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 8192).unwrap());
+        Fs::mkfs(dev.clone(), &MkfsOptions { streams: 2, segment_blocks: 64, uuid: None }).unwrap();
+        let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+        let d = fs.mkdir(None, ROOT, b"d", 0o755, ME).unwrap().ino;
+        let mut files: Vec<(String, Ino)> = Vec::new();
+        for i in 0..60u32 {
+            let name = format!("f{i}");
+            let ino = fs.create(None, d, name.as_bytes(), 0o644, ME).unwrap().ino;
+            fs.write(None, ino, 0, &vec![i as u8; 2 * 4096]).unwrap();
+            files.push((name, ino));
+        }
+        fs.checkpoint().unwrap();
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mut change = |fs: &Fs, files: &mut Vec<(String, Ino)>, round: u32| {
+            for k in 0..3 {
+                let at = rng.usize(..files.len());
+                let ino = files[at].1;
+                match rng.u8(..4) {
+                    0 => {
+                        fs.write(None, ino, rng.u64(..4) * 4096, &[round as u8; 4096]).unwrap();
+                    }
+                    1 => {
+                        let size =
+                            SetAttr { size: Some(rng.u64(..3 * 4096)), ..SetAttr::default() };
+                        fs.setattr(None, ino, &size).unwrap();
+                    }
+                    2 => {
+                        let name = format!("n{round}-{k}");
+                        let new = fs.create(None, d, name.as_bytes(), 0o644, ME).unwrap().ino;
+                        files.push((name, new));
+                    }
+                    _ if files.len() > 1 => {
+                        let (name, _) = files.swap_remove(at);
+                        fs.unlink(None, d, name.as_bytes()).unwrap();
+                    }
+                    _ => {}
+                }
+            }
+        };
+        let mut round = 0;
+        for _ in 0..10 {
+            for _ in 0..5 {
+                change(&fs, &mut files, round);
+                round += 1;
+            }
+            // A pass: the marks taken, then worked through two at a time with more changes
+            // (and the space totals' slices) between the slices.
+            let mut marks = Marks::take(&mut crate::fs::lock(&fs.state).unwrap());
+            marks.sort();
+            loop {
+                change(&fs, &mut files, round);
+                round += 1;
+                let mut st = crate::fs::lock(&fs.state).unwrap();
+                let done = marks.refresh_slice(&mut st, 2);
+                crate::live::live_parts_some(&mut st, 2);
+                if done {
+                    break;
+                }
+            }
+        }
+        let mut st = crate::fs::lock(&fs.state).unwrap();
+        refresh_chunks(&mut st);
+        refresh_counts(&mut st);
+        let whole = encode(&st);
+        let pieces: Vec<u8> = encode_parts(&st, Vec::new()).seal().slices().concat();
+        assert!(pieces == whole, "the pieces refreshed in slices differ from the whole encoding");
+        let kept = crate::live::live_parts(&mut st);
+        assert_eq!(kept, crate::live::live_parts_walked(&st), "statfs's totals");
+        drop(st);
+
+        // Many changes since the last checkpoint: the slices leave at most one slice's marks.
+        let marks = 8 * crate::fs::SLICE_MARKS;
+        for i in 0..marks {
+            let perm = SetAttr { perm: Some(0o600), ..SetAttr::default() };
+            fs.setattr(None, files[i % files.len()].1, &perm).unwrap();
+            let name = format!("m{i}");
+            fs.create(None, d, name.as_bytes(), 0o644, ME).unwrap();
+        }
+        assert!(crate::fs::lock(&fs.state).unwrap().inodes.changed_count() > marks);
+        fs.refresh_kept_in_slices().unwrap();
+        let st = crate::fs::lock(&fs.state).unwrap();
+        let left = st.inodes.changed_count().max(st.inodes.changed_live_len());
+        let keys_left = st.counts.changed.len();
+        assert!(keys_left <= 4 * crate::fs::SLICE_MARKS, "{keys_left} record keys left");
+        assert!(left <= crate::fs::SLICE_MARKS, "{left} marks left for the checkpoint's own hold");
+        drop(st);
+        assert!(fs.checkpoint().unwrap());
+        assert!(fs.fsck().is_clean());
     }
 }

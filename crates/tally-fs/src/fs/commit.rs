@@ -396,14 +396,7 @@ impl Fs {
             while let Some(c) = queue.front().filter(|c| c.tx.seq <= durable).copied() {
                 queue.pop_front();
                 *cached_bytes = cached_bytes.saturating_sub(bs);
-                if let Some(b) = inodes.get_mut(&c.ino).and_then(|i| i.blocks.get_mut(&c.block)) {
-                    // The same version and the same copy: cleaning moves a block (same
-                    // version, another transaction) and holds it again until the move is
-                    // durable (`clean.rs`); the entry of the write it moved must not drop it.
-                    if b.ver == c.ver && b.tx == Some(c.tx) {
-                        b.data = None;
-                    }
-                }
+                inodes.let_go_of_bytes(c.ino, c.block, c.ver, c.tx);
             }
         }
     }

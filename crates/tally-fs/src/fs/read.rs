@@ -6,7 +6,7 @@ use crate::state::Block;
 use crate::types::*;
 use crate::{FsError, Result};
 
-use super::{lock, Fs};
+use super::Fs;
 
 /// Most blocks one device read of [`Fs::read`] asks for (1 MiB of 4 KiB blocks: the largest
 /// FUSE request, and a bound on the buffer).
@@ -37,7 +37,7 @@ impl Fs {
         if name.len() > NAME_MAX {
             return Err(FsError::NameTooLong);
         }
-        let st = lock(&self.state)?;
+        let st = self.lock_waited()?;
         let dir = st.dir(parent)?;
         let ino = match name {
             b"." => parent,
@@ -52,7 +52,7 @@ impl Fs {
     /// # Errors
     /// `ENOENT`.
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
-        Ok(lock(&self.state)?.inode(ino)?.attr)
+        Ok(self.lock_waited()?.inode(ino)?.attr)
     }
 
     /// Data blocks an inode holds (for `st_blocks`).
@@ -60,7 +60,7 @@ impl Fs {
     /// # Errors
     /// `ENOENT`.
     pub fn allocated_blocks(&self, ino: Ino) -> Result<u64> {
-        Ok(lock(&self.state)?.inode(ino)?.blocks.len() as u64)
+        Ok(self.lock_waited()?.inode(ino)?.blocks.len() as u64)
     }
 
     /// A symlink's target.
@@ -68,7 +68,7 @@ impl Fs {
     /// # Errors
     /// `ENOENT`, `EINVAL` if not a symlink.
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
-        let st = lock(&self.state)?;
+        let st = self.lock_waited()?;
         let i = st.inode(ino)?;
         if i.attr.kind != FileKind::Symlink {
             return Err(FsError::Invalid("not a symlink"));
@@ -91,7 +91,7 @@ impl Fs {
         // relocation: a crc mismatch is therefore first retried under the lock.
         let bs = u64::from(self.bs);
         let (offset, end, blocks) = {
-            let st = lock(&self.state)?;
+            let st = self.lock_waited()?;
             let inode = st.inode(ino)?;
             match inode.attr.kind {
                 FileKind::File => {}
@@ -149,7 +149,7 @@ impl Fs {
         let mut failed_at = None;
         loop {
             let block = {
-                let st = lock(&self.state)?;
+                let st = self.lock_waited()?;
                 match st.inode(ino)?.blocks.get(&b) {
                     Some(block) => block.clone(),
                     None => return Ok(None),
@@ -203,7 +203,7 @@ impl Fs {
     /// # Errors
     /// `ENOENT`, `ENOTDIR`.
     pub fn readdir_page(&self, ino: Ino, offset: u64, count_max: usize) -> Result<Vec<DirEntry>> {
-        let st = lock(&self.state)?;
+        let st = self.lock_waited()?;
         let page = Self::page(&st, ino, offset, count_max)?.map(|(e, _)| e).collect();
         Ok(page)
     }
@@ -220,7 +220,7 @@ impl Fs {
         offset: u64,
         count_max: usize,
     ) -> Result<Vec<(DirEntry, Attr, u64)>> {
-        let st = lock(&self.state)?;
+        let st = self.lock_waited()?;
         let page = Self::page(&st, ino, offset, count_max)?
             .filter_map(|(e, i)| Some((e, i?.attr, i?.blocks.len() as u64)))
             .collect();
@@ -280,7 +280,7 @@ impl Fs {
     /// `ENOENT`, `ENODATA`, `EOPNOTSUPP` (a POSIX ACL: there are none).
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
         super::data::refuse_posix_acl(name)?;
-        let st = lock(&self.state)?;
+        let st = self.lock_waited()?;
         st.inode(ino)?.xattrs.get(name).map(|x| x.value.clone()).ok_or(FsError::NoAttr)
     }
 
@@ -290,7 +290,7 @@ impl Fs {
     /// # Errors
     /// `ENOENT`.
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
-        let st = lock(&self.state)?;
+        let st = self.lock_waited()?;
         let names = st.inode(ino)?.xattrs.keys();
         Ok(names.filter(|n| super::data::refuse_posix_acl(n).is_ok()).cloned().collect())
     }
