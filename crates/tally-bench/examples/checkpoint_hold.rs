@@ -19,8 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use tally_fs::{Fs, MkfsOptions, MountOptions, Owner, ROOT};
-use tally_media::{Device, FileDevice, FileOptions};
+use tally_fs::{MountOptions, Owner, ROOT};
 
 const ME: Owner = Owner { uid: 0, gid: 0 };
 const PER_DIR: u64 = 1000;
@@ -41,17 +40,12 @@ fn main() -> Res<()> {
         || std::env::temp_dir().join(format!("checkpoint-hold-{}.img", std::process::id())),
         std::path::PathBuf::from,
     );
-    let file = std::fs::File::create(&path)?;
-    file.set_len(2 << 30)?;
-    drop(file);
-    let dev: Arc<dyn Device> = Arc::new(FileDevice::open(&path, FileOptions::default())?);
-    Fs::mkfs(dev.clone(), &MkfsOptions::default())?;
     let opts = MountOptions {
         write_behind: Some(tally_log::WriteBehind::default()),
         replay_budget: Some(0),
         ..MountOptions::default()
     };
-    let fs = Arc::new(Fs::mount(dev, opts)?);
+    let fs = Arc::new(tally_bench::image::fresh_image_fs_with(&path, 2 << 30, opts)?);
 
     let began = Instant::now();
     let mut inos = Vec::with_capacity(usize::try_from(files)?);
@@ -119,12 +113,5 @@ fn main() -> Res<()> {
             worst.load(Ordering::Relaxed) as f64 / 1e3,
         );
     }
-    match Arc::try_unwrap(fs) {
-        Ok(fs) => {
-            fs.unmount()?;
-        }
-        Err(_) => return Err("file system still shared".into()),
-    }
-    std::fs::remove_file(&path)?;
-    Ok(())
+    tally_bench::image::unmount_and_remove(fs, &path)
 }

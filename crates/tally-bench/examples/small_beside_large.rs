@@ -105,12 +105,5 @@ fn main() -> Res<()> {
         );
     }
     drop(maintenance);
-    match Arc::try_unwrap(fs) {
-        Ok(fs) => {
-            fs.unmount()?;
-        }
-        Err(_) => return Err("file system still shared".into()),
-    }
-    std::fs::remove_file(&path)?;
-    Ok(())
+    tally_bench::image::unmount_and_remove(fs, &path)
 }
