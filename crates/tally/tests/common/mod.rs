@@ -13,10 +13,17 @@ use std::time::{Duration, Instant};
 use tally_fs::{Fs, MountOptions};
 use tally_media::{Device, FileDevice, FileOptions};
 
-/// A new empty directory `tally-{file}-{pid}-{tag}`; `file` names the test file, so tests in
-/// different files never share one.
+/// A new empty directory `tally-{file}-{pid}-{nanos}-{tag}`; `file` names the test file, so
+/// tests in different files never share one. The clock's nanoseconds keep a later process
+/// that reuses the pid (pid_max is 32,768 on small machines) off a directory whose daemons or
+/// NBD servers an earlier, killed run left behind: with the pid alone, a test suite run beside
+/// another found its NBD targets' locks held ("is in use: another tally mount serves it").
 pub fn scratch(file: &str, tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tally-{file}-{}-{tag}", std::process::id()));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let dir =
+        std::env::temp_dir().join(format!("tally-{file}-{}-{nanos}-{tag}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).unwrap();
     dir
