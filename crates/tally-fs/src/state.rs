@@ -450,7 +450,7 @@ pub(crate) struct State {
     /// Records of each key in the log, live or not (for dropping tombstones safely).
     pub key_count: KeyMap<u32>,
     /// Records of each inode in the log. A persistent map: a checkpoint takes it whole in O(1)
-    /// under the state lock and encodes it after giving the lock up (`snapshot.rs`, `Parts`);
+    /// under the state lock and encodes it after giving the lock up (`snapshot.rs`, `Taken`);
     /// sorting and encoding it under the lock took 7-17 ms for 200,000 files (`examples/
     /// checkpoint_hold.rs`).
     pub ino_count: imbl::OrdMap<Ino, u32>,
