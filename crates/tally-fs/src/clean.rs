@@ -445,9 +445,9 @@ impl Fs {
         drop(st);
         let finished = self.finish_log(cleaned).map_err(|e| self.fail(e));
         if moved && finished.is_ok() {
-            if let Ok(mut st) = self.state.try_lock() {
-                self.prune_cache(&mut st);
-            }
+            // Only tried, as before: cleaning is background work. A poisoned lock is
+            // reported by the next operation.
+            let _ = self.prune_cache_in_slices(self.durable_upto(), false);
         }
         (None, finished)
     }
@@ -917,10 +917,7 @@ impl Fs {
         if dirty {
             self.sync()?;
         } else {
-            let mut st = lock(&self.state)?;
-            if !st.cached.is_empty() {
-                self.prune_cache(&mut st);
-            }
+            self.prune_cache_in_slices(self.durable_upto(), true)?;
         }
         Ok(dirty)
     }

@@ -204,10 +204,6 @@ pub(crate) struct Cached {
 pub(crate) struct CachedBlocks(pub Vec<VecDeque<Cached>>);
 
 impl CachedBlocks {
-    pub fn is_empty(&self) -> bool {
-        self.0.iter().all(VecDeque::is_empty)
-    }
-
     /// Hold `c` (committed after every block held on its stream).
     pub fn push(&mut self, c: Cached) {
         let s = usize::from(c.tx.stream);
@@ -396,14 +392,24 @@ impl Inodes {
     /// unmarked: neither the snapshot's encoding nor the space totals hold a block's bytes,
     /// so a checkpoint need not encode the inode again for it (marked, every file written
     /// was encoded twice: once for the write, once for its bytes made durable).
-    pub fn let_go_of_bytes(&mut self, ino: Ino, block: u64, ver: u64, tx: TxId) {
-        if let Some(b) = self.map.get_mut(&ino).and_then(|i| i.blocks.get_mut(&block)) {
-            // The same version and the same copy: cleaning moves a block (same version,
-            // another transaction) and holds it again until the move is durable (`clean.rs`);
-            // the entry of the write it moved must not drop it.
-            if b.ver == ver && b.tx == Some(tx) {
-                b.data = None;
-            }
+    ///
+    /// Returns the bytes let go of, for the caller to free once it has given up the state
+    /// lock (`Fs::prune_cache_in_slices`).
+    pub fn let_go_of_bytes(
+        &mut self,
+        ino: Ino,
+        block: u64,
+        ver: u64,
+        tx: TxId,
+    ) -> Option<Arc<Vec<u8>>> {
+        let b = self.map.get_mut(&ino).and_then(|i| i.blocks.get_mut(&block))?;
+        // The same version and the same copy: cleaning moves a block (same version, another
+        // transaction) and holds it again until the move is durable (`clean.rs`); the entry of
+        // the write it moved must not drop it.
+        if b.ver == ver && b.tx == Some(tx) {
+            b.data.take()
+        } else {
+            None
         }
     }
 

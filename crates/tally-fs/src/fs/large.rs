@@ -30,7 +30,7 @@ use crate::types::{Attr, Ino};
 use crate::{FsError, Result};
 
 use super::commit::Submit;
-use super::{lock, Fs, CACHE_LIMIT};
+use super::{Fs, CACHE_LIMIT};
 
 /// Data blocks per part at most (1 MiB of 4 KiB blocks): large enough that a part's units are
 /// few, small enough that a part wastes little at a segment's end.
@@ -127,9 +127,8 @@ impl Fs {
                 return;
             }
         };
-        if let Ok(mut st) = lock(&self.state) {
-            self.prune_cache_upto(&mut st, |s| done.get(s).copied().unwrap_or(0));
-        }
+        // A poisoned lock is reported by the next operation.
+        let _ = self.prune_cache_in_slices(|s| done.get(s).copied().unwrap_or(0), true);
     }
 
     /// Commit an ended transaction's keys: one log transaction as before when it fits half

@@ -516,11 +516,12 @@ impl Fs {
         };
         st.snapshot_buf = tail;
         let written = written.map_err(|e| Self::fail_locked(&mut st, e))?;
-        // What the finish made durable leaves memory.
-        self.prune_cache(&mut st);
         if written {
             st.checkpoint_ver = Some(ver);
         }
+        drop(st);
+        // What the finish made durable leaves memory.
+        self.prune_cache_in_slices(self.durable_upto(), true)?;
         Ok(written)
     }
 
@@ -928,9 +929,8 @@ impl Fs {
             tracing::error!("write-out of data held in memory failed: {e}");
             return;
         }
-        if let Ok(mut st) = lock(&self.state) {
-            self.prune_cache(&mut st);
-        }
+        // A poisoned lock is reported by the next operation.
+        let _ = self.prune_cache_in_slices(self.durable_upto(), true);
     }
 
     /// Who pays for the data held in memory once a commit on `stream` leaves it past
@@ -1155,6 +1155,45 @@ mod tests {
         assert_eq!(fs.cache_pays(&st, 2), None, "a stream holding nothing goes on");
         hold(&mut st, 2, limit_blocks);
         assert_eq!(fs.cache_pays(&st, 1), Some(CachePays::All), "past twice the limit");
+    }
+
+    /// Data made durable leaves memory a slice at a time: one slice lets go of exactly
+    /// [`PRUNE_SLICE`](super::commit::PRUNE_SLICE) blocks and says more are left, the slices together let
+    /// go of all of it, and the file reads the same from the device afterwards.
+    #[test]
+    fn durable_data_leaves_memory_in_slices() {
+        // 256 MiB: room enough that no cleaning (which lets go of what it made durable) runs.
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 65536).unwrap());
+        Fs::mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+        // And no checkpoint snapshot, which does too.
+        let opts = MountOptions { replay_budget: Some(0), ..MountOptions::default() };
+        let fs = Fs::mount(dev, opts).unwrap();
+        let me = Owner { uid: 0, gid: 0 };
+        let ino = fs.create(None, ROOT, b"f", 0o644, me).unwrap().ino;
+        let slice = super::commit::PRUNE_SLICE;
+        let blocks = 2 * slice + 100;
+        let bytes: Vec<u8> = (0..blocks * 4096).map(|i| (i % 251) as u8).collect();
+        for (i, chunk) in bytes.chunks(4096).enumerate() {
+            fs.write(None, ino, (i * 4096) as u64, chunk).unwrap();
+        }
+        fs.log.sync().unwrap();
+        {
+            let mut st = lock(&fs.state).unwrap();
+            assert_eq!(st.cached_bytes, blocks * 4096, "every block held until durable");
+            let (gone, more) = fs.prune_some(&mut st, &fs.durable_upto(), slice);
+            assert_eq!((gone.len(), more), (slice, true), "one slice");
+            assert_eq!(st.cached_bytes, (blocks - slice) * 4096);
+        }
+        fs.prune_cache_in_slices(fs.durable_upto(), true).unwrap();
+        {
+            let st = lock(&fs.state).unwrap();
+            assert_eq!(st.cached_bytes, 0, "the slices left bytes held");
+            assert!(st.cached.0.iter().all(|q| q.is_empty()), "the slices left blocks held");
+            let held = st.inodes[&ino].blocks.values().filter(|b| b.data.is_some()).count();
+            assert_eq!(held, 0, "blocks still hold their bytes");
+        }
+        let back = fs.read(ino, 0, bytes.len()).unwrap();
+        assert!(back == bytes, "the file reads otherwise from the device");
     }
 
     /// Writes 16 KiB at a time (5 blocks of log each, at most) with a maintenance bell that is

@@ -35,12 +35,7 @@ impl Fs {
         // Dropping what became durable is not this call's result: skipped when the lock is
         // busy (the next durable wait, or the cache limit's write-out, drops it), so an fsync
         // never waits for the state lock after its durable wait.
-        match self.state.try_lock() {
-            Ok(mut st) => self.prune_cache(&mut st),
-            Err(std::sync::TryLockError::WouldBlock) => {}
-            Err(std::sync::TryLockError::Poisoned(_)) => return Err(FsError::Poisoned),
-        }
-        Ok(())
+        self.prune_cache_in_slices(self.durable_upto(), false)
     }
 
     /// [`Fs::fsync`]: every change of a file is one record set, so data-only sync costs the same.
@@ -57,9 +52,7 @@ impl Fs {
     /// I/O errors.
     pub fn sync(&self) -> Result<()> {
         self.log.sync().map_err(|e| self.fail(e))?;
-        let mut st = lock(&self.state)?;
-        self.prune_cache(&mut st);
-        Ok(())
+        self.prune_cache_in_slices(self.durable_upto(), true)
     }
 
     /// Order without waiting: every operation after this call, on any file, survives a crash
