@@ -15,11 +15,10 @@
 //! removed at the end. Online checkpoints are off (replay budget 0) and no maintenance thread
 //! runs, so the only checkpoints are the measured ones.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
-use tally_fs::{MountOptions, Owner, ROOT};
+use tally_bench::image::{quiet_image_fs, Args, GetattrProbe};
+use tally_fs::{Owner, ROOT};
 
 const ME: Owner = Owner { uid: 0, gid: 0 };
 const PER_DIR: u64 = 1000;
@@ -27,25 +26,13 @@ const PER_TXN: u64 = 100;
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
-fn arg(args: &mut impl Iterator<Item = String>, default: u64) -> Res<u64> {
-    Ok(args.next().map(|s| s.parse()).transpose()?.unwrap_or(default))
-}
-
 fn main() -> Res<()> {
-    let mut args = std::env::args().skip(1);
-    let files = arg(&mut args, 200_000)?;
-    let changed = arg(&mut args, 10_000)?.min(files);
-    let rounds = arg(&mut args, 3)?;
-    let path = args.next().map_or_else(
-        || std::env::temp_dir().join(format!("checkpoint-hold-{}.img", std::process::id())),
-        std::path::PathBuf::from,
-    );
-    let opts = MountOptions {
-        write_behind: Some(tally_log::WriteBehind::default()),
-        replay_budget: Some(0),
-        ..MountOptions::default()
-    };
-    let fs = Arc::new(tally_bench::image::fresh_image_fs_with(&path, 2 << 30, opts)?);
+    let mut args = Args::new();
+    let files = args.number(200_000)?;
+    let changed = args.number(10_000)?.min(files);
+    let rounds = args.number(3)?;
+    let path = args.image("checkpoint-hold");
+    let fs = quiet_image_fs(&path)?;
 
     let began = Instant::now();
     let mut inos = Vec::with_capacity(usize::try_from(files)?);
@@ -83,34 +70,16 @@ fn main() -> Res<()> {
             fs.write(None, ino, 0, &block)?;
         }
         fs.sync()?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let worst = Arc::new(AtomicU64::new(0));
-        let probe = {
-            let (fs, stop, worst, ino) = (fs.clone(), stop.clone(), worst.clone(), inos[0]);
-            std::thread::spawn(move || -> Res<u64> {
-                let mut calls = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    let t = Instant::now();
-                    fs.getattr(ino)?;
-                    let us = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
-                    worst.fetch_max(us, Ordering::Relaxed);
-                    calls += 1;
-                }
-                Ok(calls)
-            })
-        };
-        // Let the probe start calling before the checkpoint begins.
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        worst.store(0, Ordering::Relaxed);
+        let probe = GetattrProbe::start(&fs, inos[0]);
+        probe.measure();
         let t = Instant::now();
         let written = fs.checkpoint()?;
         let took = t.elapsed();
-        stop.store(true, Ordering::Relaxed);
-        let calls = probe.join().map_err(|_| "probe panicked")??;
+        let (worst, calls) = probe.stop()?;
         println!(
             "round {round}: {changed} files changed; checkpoint {:.1} ms (written: {written}); longest getattr during it {:.1} ms ({calls} calls)",
             took.as_secs_f64() * 1e3,
-            worst.load(Ordering::Relaxed) as f64 / 1e3,
+            worst.as_secs_f64() * 1e3,
         );
     }
     tally_bench::image::unmount_and_remove(fs, &path)
