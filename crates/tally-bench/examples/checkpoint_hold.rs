@@ -70,12 +70,8 @@ fn main() -> Res<()> {
             fs.write(None, ino, 0, &block)?;
         }
         fs.sync()?;
-        let probe = GetattrProbe::start(&fs, inos[0]);
-        probe.measure();
-        let t = Instant::now();
-        let written = fs.checkpoint()?;
-        let took = t.elapsed();
-        let (worst, calls) = probe.stop()?;
+        let (written, took, worst, calls) =
+            GetattrProbe::around(&fs, inos[0], || Ok(fs.checkpoint()?))?;
         println!(
             "round {round}: {changed} files changed; checkpoint {:.1} ms (written: {written}); longest getattr during it {:.1} ms ({calls} calls)",
             took.as_secs_f64() * 1e3,

@@ -14,8 +14,6 @@
 //! removed at the end. Online checkpoints are off (replay budget 0) and no maintenance thread
 //! runs, so the sync is the only thing that lets go of the data.
 
-use std::time::Instant;
-
 use tally_bench::image::{quiet_image_fs, Args, GetattrProbe};
 use tally_fs::{Owner, ROOT};
 
@@ -37,12 +35,7 @@ fn main() -> Res<()> {
         for m in 0..mib {
             fs.write(None, big, m * MIB as u64, &buf)?;
         }
-        let probe = GetattrProbe::start(&fs, small);
-        probe.measure();
-        let t = Instant::now();
-        fs.sync()?;
-        let took = t.elapsed();
-        let (worst, calls) = probe.stop()?;
+        let ((), took, worst, calls) = GetattrProbe::around(&fs, small, || Ok(fs.sync()?))?;
         println!(
             "round {round}: {mib} MiB written; sync {:.1} ms; longest getattr during it {:.2} ms ({calls} calls)",
             took.as_secs_f64() * 1e3,

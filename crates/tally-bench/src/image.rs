@@ -97,6 +97,25 @@ impl GetattrProbe {
         self.worst_us.store(0, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Run `f` beside a probe calling `getattr(ino)`: `f`'s result, its wall time, the longest
+    /// `getattr` during it and the calls made.
+    ///
+    /// # Errors
+    /// `f`'s; a failed `getattr`; the probe thread's panic.
+    pub fn around<T>(
+        fs: &Arc<Fs>,
+        ino: Ino,
+        f: impl FnOnce() -> Result<T, BoxError>,
+    ) -> Result<(T, std::time::Duration, std::time::Duration, u64), BoxError> {
+        let probe = GetattrProbe::start(fs, ino);
+        probe.measure();
+        let t = std::time::Instant::now();
+        let out = f();
+        let took = t.elapsed();
+        let (worst, calls) = probe.stop()?;
+        Ok((out?, took, worst, calls))
+    }
+
     /// Stop the probe: the longest call since [`GetattrProbe::measure`] and the calls made.
     ///
     /// # Errors
