@@ -416,6 +416,10 @@ impl Fs {
         upto: impl Fn(usize) -> u64,
         wait: bool,
     ) -> Result<()> {
+        // Each stream's bound as it is now: what becomes durable meanwhile is left to the next
+        // drop, so a caller never goes on letting go of what others keep making durable.
+        let upto: Vec<u64> = (0..usize::from(self.streams)).map(upto).collect();
+        let upto = |s: usize| upto.get(s).copied().unwrap_or(0);
         loop {
             let mut st = if wait {
                 self.lock_waited()?
