@@ -3,9 +3,10 @@
 //! that grows with what is stored). Writes a file of `MIB` MiB in 1 MiB writes and takes a
 //! first checkpoint, then `ROUNDS` times: overwrites 4 KiB of it, syncs, and takes a
 //! checkpoint while another thread calls `getattr` on another file in a loop. Prints the
-//! checkpoint's wall time and the longest `getattr` during it. The snapshot keeps each inode's
-//! encoding as one piece, its whole block map included, and re-encodes a changed inode's piece
-//! under the state lock: the longest `getattr` grows with the file. Compare sizes and builds
+//! checkpoint's wall time and the longest `getattr` during it. The snapshot keeps a big file's
+//! encoding in pieces of 4,096 blocks and encodes again only the pieces a change touched; until
+//! 28 Nov 2026 it re-encoded the whole block map under the state lock, and the longest
+//! `getattr` grew with the file (docs/bench/fs.md). Compare sizes and builds
 //! in one session (ratios, not times):
 //!
 //! ```sh

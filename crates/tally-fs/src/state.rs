@@ -2,7 +2,7 @@
 //! bookkeeping that says which records in the log are still needed. All of it is rebuilt from
 //! the log's records at mount ([`State::replay`]).
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use tally_log::{RecoveredTx, TxId};
@@ -133,7 +133,7 @@ pub(crate) struct Inode {
     /// Version of its current record (0: never written).
     pub ver: u64,
     pub target: Vec<u8>,
-    pub blocks: BTreeMap<u64, Block>,
+    pub blocks: BlockMap,
     pub dir: Option<Dir>,
     pub xattrs: BTreeMap<Vec<u8>, Xattr>,
     /// The last log transaction that changed it, for dependencies and fsync.
@@ -180,11 +180,103 @@ impl Inode {
             attr,
             ver: 0,
             target,
-            blocks: BTreeMap::new(),
+            blocks: BlockMap::default(),
             dir,
             xattrs: BTreeMap::new(),
             last_tx: None,
             stored: None,
+        }
+    }
+}
+
+/// A file's block map (block index → block), read as a `BTreeMap` and changed only through
+/// its own methods, which note the snapshot piece of each block they change: a big file's
+/// snapshot encoding is kept in pieces of blocks (`snapshot.rs`, `Chunks`), and a checkpoint
+/// encodes again only the pieces noted, not the whole map of a file of which 4 KiB changed.
+#[derive(Debug)]
+pub(crate) struct BlockMap {
+    map: BTreeMap<u64, Block>,
+    /// Pieces ([`crate::snapshot::piece_of`]) with a block inserted, removed or changed since
+    /// the snapshot's pieces last took them.
+    changed: BTreeSet<u64>,
+    /// No kept piece describes this map yet (made new, or a clone): encoded whole.
+    unseen: bool,
+}
+
+impl Default for BlockMap {
+    fn default() -> Self {
+        BlockMap { map: BTreeMap::new(), changed: BTreeSet::new(), unseen: true }
+    }
+}
+
+/// A clone is a map the kept pieces do not describe (an explicit transaction's pre-image put
+/// back may hold blocks the pieces no longer have).
+impl Clone for BlockMap {
+    fn clone(&self) -> Self {
+        BlockMap { map: self.map.clone(), changed: BTreeSet::new(), unseen: true }
+    }
+}
+
+impl std::ops::Deref for BlockMap {
+    type Target = BTreeMap<u64, Block>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.map
+    }
+}
+
+impl<'a> IntoIterator for &'a BlockMap {
+    type Item = (&'a u64, &'a Block);
+    type IntoIter = std::collections::btree_map::Iter<'a, u64, Block>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.map.iter()
+    }
+}
+
+impl BlockMap {
+    pub fn insert(&mut self, b: u64, block: Block) -> Option<Block> {
+        self.changed.insert(crate::snapshot::piece_of(b));
+        self.map.insert(b, block)
+    }
+
+    pub fn remove(&mut self, b: &u64) -> Option<Block> {
+        let old = self.map.remove(b)?;
+        self.changed.insert(crate::snapshot::piece_of(*b));
+        Some(old)
+    }
+
+    /// A block to change in place (its version, address, transaction: what the snapshot
+    /// encodes); its piece is noted.
+    pub fn get_mut(&mut self, b: &u64) -> Option<&mut Block> {
+        let block = self.map.get_mut(b)?;
+        self.changed.insert(crate::snapshot::piece_of(*b));
+        Some(block)
+    }
+
+    /// Let go of block `b`'s bytes if it is still version `ver` of transaction `tx` (the bytes
+    /// are not encoded: no piece is noted).
+    pub fn take_bytes(&mut self, b: u64, ver: u64, tx: TxId) -> Option<Arc<Vec<u8>>> {
+        let block = self.map.get_mut(&b)?;
+        if block.ver == ver && block.tx == Some(tx) {
+            block.data.take()
+        } else {
+            None
+        }
+    }
+
+    /// The pieces noted changed since the last call, and whether the map was unseen; both
+    /// cleared (for the snapshot's pieces).
+    pub fn take_changed(&mut self) -> (BTreeSet<u64>, bool) {
+        (std::mem::take(&mut self.changed), std::mem::replace(&mut self.unseen, false))
+    }
+
+    /// Note `pieces` changed again (what a checkpoint's slice took and left for the next).
+    pub fn put_back_changed(&mut self, pieces: BTreeSet<u64>) {
+        if self.changed.is_empty() {
+            self.changed = pieces;
+        } else {
+            self.changed.extend(pieces);
         }
     }
 }
@@ -326,6 +418,12 @@ impl Inodes {
         Some(inode)
     }
 
+    /// An inode to change only what the snapshot does not encode (its block map's notes of
+    /// changed pieces): not marked changed. For the snapshot's pieces (`snapshot.rs`).
+    pub fn get_mut_unmarked(&mut self, ino: &Ino) -> Option<&mut Inode> {
+        self.map.get_mut(ino).map(|i| &mut **i)
+    }
+
     pub fn insert(&mut self, ino: Ino, inode: Box<Inode>) -> Option<Box<Inode>> {
         self.mark(ino);
         self.map.insert(ino, inode)
@@ -402,15 +500,10 @@ impl Inodes {
         ver: u64,
         tx: TxId,
     ) -> Option<Arc<Vec<u8>>> {
-        let b = self.map.get_mut(&ino).and_then(|i| i.blocks.get_mut(&block))?;
         // The same version and the same copy: cleaning moves a block (same version, another
         // transaction) and holds it again until the move is durable (`clean.rs`); the entry of
         // the write it moved must not drop it.
-        if b.ver == ver && b.tx == Some(tx) {
-            b.data.take()
-        } else {
-            None
-        }
+        self.map.get_mut(&ino)?.blocks.take_bytes(block, ver, tx)
     }
 
     /// How many inodes are marked changed.
