@@ -867,7 +867,7 @@ pub(crate) fn live(st: &State, rec: &Record, key: &Key, tombstones_kept: bool) -
             st.inodes
                 .get(dir)
                 .and_then(|i| i.dir.as_ref())
-                .and_then(|d| d.entries.get(name))
+                .and_then(|d| d.entries().get(name))
                 .is_some_and(|d| d.ver == ver)
         }
         Record::Extent { ino, block, data, .. } => {

@@ -147,12 +147,12 @@ impl Fs {
                 r.problems.push(format!("inode {ino}: kind and directory map disagree"));
             }
             if let Some(dir) = &inode.dir {
-                if dir.order.len() != dir.entries.len() {
+                if dir.order().len() != dir.entries().len() {
                     r.problems.push(format!("directory {ino}: order and name maps disagree"));
                 }
-                for (name, d) in &dir.entries {
+                for (name, d) in dir.entries() {
                     r.entries += 1;
-                    if dir.order.get(&d.cookie) != Some(name) {
+                    if dir.order().get(&d.cookie) != Some(name) {
                         r.problems
                             .push(format!("directory {ino}: entry {name:?} has a stale offset"));
                     }

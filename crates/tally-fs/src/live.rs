@@ -260,7 +260,7 @@ fn inode_parts(sizes: &RecordSizes, inode: &Inode) -> (u64, u64) {
     let blocks = inode.blocks.len() as u64;
     let mut bytes = sizes.inode + inode.target.len() as u64 + blocks * sizes.extent;
     if let Some(dir) = &inode.dir {
-        bytes += dir.entries.len() as u64 * sizes.dentry + dir.name_bytes;
+        bytes += dir.entries().len() as u64 * sizes.dentry + dir.name_bytes;
     }
     bytes += inode
         .xattrs
@@ -282,7 +282,7 @@ pub(crate) fn live_parts_walked(st: &State) -> (u64, u64) {
         bytes += b;
         // The names counted one by one, not taken from the count the directory keeps.
         if let Some(dir) = &inode.dir {
-            let names: u64 = dir.entries.keys().map(|n| n.len() as u64).sum();
+            let names: u64 = dir.entries().keys().map(|n| n.len() as u64).sum();
             bytes = bytes.saturating_sub(dir.name_bytes).saturating_add(names);
         }
     }

@@ -77,48 +77,64 @@ pub(crate) type Piece = std::sync::Arc<Box<[u8]>>;
 /// [`crate::state::BlockMap`] its pieces of blocks), and hands the log every other piece's
 /// bytes as they are ([`encode_parts`]). Not part of the state.
 ///
-/// A file of at most [`PIECE_BLOCKS`] blocks (and every directory, symlink, device) is one
-/// piece, its whole encoding, under ([`HEAD`]). A bigger file is split: its record and block
-/// count under [`HEAD`], the blocks of each piece `p` of its block map ([`piece_of`]) under
-/// `1 + p`, and its directory part and extended attributes under [`TAIL`]. In key order the
-/// pieces are the encoding's bytes. Kept whole, a 4 KiB overwrite of a 1 GiB file made the
-/// next checkpoint encode its 262,144 blocks again under the state lock, every other
-/// operation waiting 16–38 ms (`examples/big_file_hold.rs`).
+/// An inode of at most [`PIECE_SIZE`] blocks and directory entries is one piece, its whole
+/// encoding, under `(ino, HEAD, 0)`. A bigger one (a big file, a big directory) is split, one
+/// piece per section of its encoding: its record and block count (`HEAD`); the blocks of
+/// each piece `p` of its block map (`(BLOCKS, p)`, [`piece_of`] the block index); its
+/// directory's header, or the byte saying it has none (`DIR`); the entries of each piece `p`
+/// of its cookies (`(ENTRIES, p)`, [`piece_of`] the cookie: the encoding lists entries in
+/// cookie order); its extended attributes (`TAIL`). In key order the pieces are the
+/// encoding's bytes. Kept whole, a 4 KiB overwrite of a 1 GiB file made the next checkpoint
+/// encode its 262,144 blocks again under the state lock, every other operation waiting
+/// 14–26 ms (`examples/big_file_hold.rs`); and a name made in a directory of 100,000, its
+/// 100,000 names sorted and encoded.
 ///
 /// A persistent ordered map: a checkpoint takes every piece in order with an O(1) clone
 /// under the state lock; collecting, sorting and cloning 200,000 of them one by one held it
 /// 17-50 ms (`examples/checkpoint_hold.rs`).
 #[derive(Debug, Default)]
 pub(crate) struct Chunks {
-    by_key: imbl::OrdMap<(Ino, u64), Piece>,
-    /// Inodes with pieces (a split file counted once).
+    by_key: imbl::OrdMap<PieceKey, Piece>,
+    /// Inodes with pieces (a split one counted once).
     inodes: usize,
 }
 
-/// The part of an unsplit inode's only piece, or of a split file's record and block count.
-const HEAD: u64 = 0;
-/// The part of a split file's directory part and extended attributes.
-const TAIL: u64 = u64::MAX;
+/// A kept piece's place: inode, section, piece within the section.
+type PieceKey = (Ino, u8, u64);
 
-/// Blocks of one piece of a split file's block map, as a shift: 4,096 (16 MiB of 4 KiB
-/// blocks, about 150 KiB encoded); 4 in the unit tests, so that small files split.
+/// Sections of a split inode's encoding, in order (and of an unsplit one's only piece).
+const HEAD: u8 = 0;
+const BLOCKS: u8 = 1;
+const DIR: u8 = 2;
+const ENTRIES: u8 = 3;
+const TAIL: u8 = 4;
+
+/// Blocks or cookies of one piece of a split inode, as a shift: 4,096 (a file's 16 MiB of
+/// 4 KiB blocks, about 150 KiB encoded); 4 in the unit tests, so that small files and
+/// directories split.
 #[cfg(not(test))]
-const PIECE_BLOCKS_SHIFT: u32 = 12;
+const PIECE_SHIFT: u32 = 12;
 #[cfg(test)]
-const PIECE_BLOCKS_SHIFT: u32 = 2;
-/// A file with more blocks than this is split into pieces.
-const PIECE_BLOCKS: usize = 1 << PIECE_BLOCKS_SHIFT;
+const PIECE_SHIFT: u32 = 2;
+/// An inode with more blocks or more entries than this is split into pieces.
+const PIECE_SIZE: usize = 1 << PIECE_SHIFT;
 
-/// The piece of block map holding block `b`.
-pub(crate) const fn piece_of(b: u64) -> u64 {
-    b >> PIECE_BLOCKS_SHIFT
+/// The piece holding block (or entry cookie) `n`.
+pub(crate) const fn piece_of(n: u64) -> u64 {
+    n >> PIECE_SHIFT
+}
+
+/// The first and last block (or cookie) of piece `p`.
+const fn piece_range(p: u64) -> std::ops::RangeInclusive<u64> {
+    let first = p << PIECE_SHIFT;
+    first..=first | ((1 << PIECE_SHIFT) - 1)
 }
 
 impl Chunks {
     /// Drop every piece of `ino`.
     fn remove_inode(&mut self, ino: Ino) {
-        let keys: Vec<(Ino, u64)> =
-            self.by_key.range((ino, HEAD)..=(ino, TAIL)).map(|(k, _)| *k).collect();
+        let keys: Vec<PieceKey> =
+            self.by_key.range((ino, HEAD, 0)..=(ino, TAIL, u64::MAX)).map(|(k, _)| *k).collect();
         if !keys.is_empty() {
             self.inodes = self.inodes.saturating_sub(1);
         }
@@ -128,7 +144,20 @@ impl Chunks {
     }
 
     fn has(&self, ino: Ino) -> bool {
-        self.by_key.contains_key(&(ino, HEAD))
+        self.by_key.contains_key(&(ino, HEAD, 0))
+    }
+
+    /// Put `o`'s bytes at `key`; an empty piece is dropped.
+    fn put(&mut self, key: PieceKey, o: Appender) {
+        let bytes = o.into_vec();
+        if bytes.is_empty() {
+            self.by_key.remove(&key);
+            return;
+        }
+        if self.by_key.insert(key, Piece::new(bytes.into_boxed_slice())).is_none() && key.1 == HEAD
+        {
+            self.inodes = self.inodes.saturating_add(1);
+        }
     }
 }
 
@@ -237,67 +266,95 @@ impl Marks {
 }
 
 /// Bring `ino`'s pieces up to date (drop them if it is gone), encoding about `budget` blocks
-/// and entries at most (at least one piece of blocks), less what it did taken from `budget`.
-/// True once its pieces are all up to date; false when the budget ran out first, its pieces
-/// still to encode kept noted in its block map for the next call.
+/// and entries at most (at least one piece), less what it did taken from `budget`. True once
+/// its pieces are all up to date; false when the budget ran out first, the pieces still to
+/// encode kept noted in its block map and directory for the next call.
 fn rechunk(st: &mut State, ino: Ino, budget: &mut usize) -> bool {
     let State { inodes, chunks, .. } = st;
     let Some(inode) = inodes.get_mut_unmarked(&ino) else {
         chunks.remove_inode(ino);
         return true;
     };
-    let (mut changed, unseen) = inode.blocks.take_changed();
-    let was_split = chunks.by_key.contains_key(&(ino, TAIL));
-    if inode.blocks.len() <= PIECE_BLOCKS {
+    let (mut blocks, unseen) = inode.blocks.take_changed();
+    let mut entries = inode.dir.as_mut().map(crate::state::Dir::take_changed).unwrap_or_default();
+    let was_split = chunks.by_key.contains_key(&(ino, TAIL, 0));
+    let n_entries = inode.dir.as_ref().map_or(0, |d| d.entries().len());
+    if inode.blocks.len() <= PIECE_SIZE && n_entries <= PIECE_SIZE {
         if was_split {
             chunks.remove_inode(ino);
         }
         let mut o = Appender::with_capacity(256);
         put_inode(&mut o, inode);
-        *budget = budget.saturating_sub(cost(inode, inode.blocks.len()));
-        if chunks.by_key.insert((ino, HEAD), Piece::new(o.into_vec().into_boxed_slice())).is_none()
-        {
-            chunks.inodes = chunks.inodes.saturating_add(1);
-        }
+        chunks.put((ino, HEAD, 0), o);
+        *budget = budget.saturating_sub(cost(inode, inode.blocks.len().saturating_add(n_entries)));
         return true;
     }
     if unseen || !was_split {
-        // Made new, replaced, or grown past one piece: every piece of blocks encoded anew.
+        // Made new, replaced, or grown past one piece: every piece encoded anew.
         chunks.remove_inode(ino);
-        changed = pieces_of(&inode.blocks);
+        blocks = pieces_of(&inode.blocks);
+        entries = inode.dir.as_ref().map(|d| pieces_of(d.order())).unwrap_or_default();
     }
     let mut o = Appender::with_capacity(128);
     put_inode_head(&mut o, inode);
-    if chunks.by_key.insert((ino, HEAD), Piece::new(o.into_vec().into_boxed_slice())).is_none() {
-        chunks.inodes = chunks.inodes.saturating_add(1);
-    }
+    chunks.put((ino, HEAD, 0), o);
+    let mut o = Appender::with_capacity(32);
+    put_dir_head(&mut o, inode);
+    chunks.put((ino, DIR, 0), o);
     let mut o = Appender::with_capacity(16);
-    put_inode_tail(&mut o, inode);
-    chunks.by_key.insert((ino, TAIL), Piece::new(o.into_vec().into_boxed_slice()));
+    put_xattrs(&mut o, inode);
+    chunks.put((ino, TAIL, 0), o);
     *budget = budget.saturating_sub(cost(inode, 0));
-    while let Some(p) = changed.pop_first() {
-        let first = p << PIECE_BLOCKS_SHIFT;
-        let last = first | ((1 << PIECE_BLOCKS_SHIFT) - 1);
-        let mut o = Appender::with_capacity(PIECE_BLOCKS.saturating_mul(BLOCK_BYTES));
-        let mut n = 0usize;
-        for (&b, block) in inode.blocks.range(first..=last) {
-            put_block(&mut o, b, block);
-            n += 1;
-        }
-        // `1 + p` < TAIL: a piece number is a block index shifted right.
-        let key = (ino, p.saturating_add(1));
-        if n == 0 {
-            chunks.by_key.remove(&key);
+    loop {
+        let n = if let Some(p) = blocks.pop_first() {
+            let mut o = Appender::with_capacity(PIECE_SIZE.saturating_mul(BLOCK_BYTES));
+            let mut n = 0usize;
+            for (&b, block) in inode.blocks.range(piece_range(p)) {
+                put_block(&mut o, b, block);
+                n += 1;
+            }
+            chunks.put((ino, BLOCKS, p), o);
+            n
+        } else if let Some(p) = entries.pop_first() {
+            let Some(dir) = inode.dir.as_ref() else { break };
+            let mut o = Appender::with_capacity(PIECE_SIZE.saturating_mul(64));
+            let mut n = 0usize;
+            for (_, name) in dir.order().range(piece_range(p)) {
+                if let Some(d) = dir.entries().get(name) {
+                    put_entry(&mut o, name, d);
+                    n += 1;
+                }
+            }
+            chunks.put((ino, ENTRIES, p), o);
+            n
         } else {
-            chunks.by_key.insert(key, Piece::new(o.into_vec().into_boxed_slice()));
-        }
+            break;
+        };
         *budget = budget.saturating_sub(n.max(1));
-        if *budget == 0 && !changed.is_empty() {
-            inode.blocks.put_back_changed(changed);
+        if *budget == 0 && !(blocks.is_empty() && entries.is_empty()) {
+            inode.blocks.put_back_changed(blocks);
+            if let Some(dir) = inode.dir.as_mut() {
+                dir.put_back_changed(entries);
+            }
             return false;
         }
     }
     true
+}
+
+/// Every piece of `m` that holds something.
+fn pieces_of<V>(m: &BTreeMap<u64, V>) -> std::collections::BTreeSet<u64> {
+    let mut pieces = std::collections::BTreeSet::new();
+    let mut from = 0u64;
+    while let Some((&n, _)) = m.range(from..).next() {
+        let p = piece_of(n);
+        pieces.insert(p);
+        match p.checked_add(1).and_then(|n| n.checked_mul(1 << PIECE_SHIFT)) {
+            Some(next) => from = next,
+            None => break,
+        }
+    }
+    pieces
 }
 
 /// [`rechunk`] with no budget.
@@ -308,26 +365,10 @@ fn rechunk_whole(st: &mut State, ino: Ino) {
     }
 }
 
-/// Every piece of `blocks` that holds a block.
-fn pieces_of(blocks: &crate::state::BlockMap) -> std::collections::BTreeSet<u64> {
-    let mut pieces = std::collections::BTreeSet::new();
-    let mut from = 0u64;
-    while let Some((&b, _)) = blocks.range(from..).next() {
-        let p = piece_of(b);
-        pieces.insert(p);
-        match p.checked_add(1).and_then(|n| n.checked_mul(1 << PIECE_BLOCKS_SHIFT)) {
-            Some(next) => from = next,
-            None => break,
-        }
-    }
-    pieces
-}
-
-/// What encoding `inode` with `blocks` of its blocks costs against a slice's budget: blocks,
-/// directory entries and extended attributes.
-fn cost(inode: &Inode, blocks: usize) -> usize {
-    let entries = inode.dir.as_ref().map_or(0, |d| d.entries.len());
-    blocks.saturating_add(entries).saturating_add(inode.xattrs.len()).saturating_add(1)
+/// What encoding `inode` with `blocks_and_entries` of its blocks and directory entries costs
+/// against a slice's budget (its extended attributes counted too).
+fn cost(inode: &Inode, blocks_and_entries: usize) -> usize {
+    blocks_and_entries.saturating_add(inode.xattrs.len()).saturating_add(1)
 }
 
 /// Keys of one [`Key::Block`] group: 4,096 blocks (16 MiB of 4 KiB blocks), so appending to
@@ -376,21 +417,37 @@ impl CountGroups {
 }
 
 /// The group a key's count is kept in: its tag in the top 3 bits, its owner (for an inode
-/// record, its inode number over 1,024) in the next 61, a block's number over 4,096 in the low
-/// 64. Groups sort as their keys do, so the groups in order are the counts in key order.
-/// Owners from 2^61 - 1 up (which no file system hands out, but a crafted snapshot or log
-/// could hold) share their tag's last group.
+/// record, its inode number over 1,024) in the next 61, a block's number over 4,096 or an
+/// entry's [`name_bucket`] in the low 64. The counts are encoded in group order, and in key
+/// order within a group ([`sorted_keys`]): key order but for a directory's entries, ordered by
+/// bucket first. Owners from 2^61 - 1 up (which no file system hands out, but a crafted
+/// snapshot or log could hold) share their tag's last group.
 fn group_of(k: &Key) -> u128 {
-    const LAST: u64 = (1 << 61) - 1;
     let (tag, owner, sub) = match k {
         Key::Fs => (0u128, 0, 0),
         Key::Inode(i) => (1, *i >> GROUP_INODES_SHIFT, 0),
-        Key::Dentry(d, _) => (2, *d, 0),
+        Key::Dentry(d, name) => (2, *d, name_bucket(name)),
         Key::Block(i, b) => (3, *i, *b >> GROUP_BLOCKS_SHIFT),
         Key::Xattr(i, _) => (4, *i, 0),
     };
-    let (owner, sub) = if owner >= LAST { (LAST, 0) } else { (owner, sub) };
+    let (owner, sub) = if owner >= LAST_OWNER { (LAST_OWNER, 0) } else { (owner, sub) };
     tag << 125 | u128::from(owner) << 64 | u128::from(sub)
+}
+
+/// The owner whose group (a tag's last) every larger owner shares.
+const LAST_OWNER: u64 = (1 << 61) - 1;
+
+/// Buckets of a directory's entries' record counts, as a number of bits: 64 groups per
+/// directory. One group per directory made a checkpoint after one name made in a directory of
+/// 100,000 merge the group's 100,000 counts again under the state lock (6–10 ms); by bucket,
+/// about 1,600 (`examples/big_dir_hold.rs`, docs/bench/fs.md).
+const NAME_BUCKET_BITS: u32 = 6;
+
+/// An entry's bucket among its directory's: the top bits of its name's crc32c (the names'
+/// order would keep a directory's count groups in key order, but names such as `file-000123`
+/// share long prefixes: no prefix splits them).
+fn name_bucket(name: &[u8]) -> u64 {
+    u64::from(crc32c::crc32c(name) >> (32 - NAME_BUCKET_BITS))
 }
 
 /// Bring `st.counts` up to date with `st.key_count`: every group holding a changed key is
@@ -505,7 +562,7 @@ fn merge_group<'k>(
 #[derive(Debug, Default)]
 pub(crate) struct Taken {
     head: Vec<u8>,
-    chunks: imbl::OrdMap<(Ino, u64), Piece>,
+    chunks: imbl::OrdMap<PieceKey, Piece>,
     mid: Vec<u8>,
     groups: Option<imbl::OrdMap<u128, Piece>>,
     ino_count: imbl::OrdMap<Ino, u32>,
@@ -531,7 +588,7 @@ pub(crate) struct Parts {
     /// The header.
     head: Vec<u8>,
     /// Each inode's chunk, in inode order.
-    chunks: imbl::OrdMap<(Ino, u64), Piece>,
+    chunks: imbl::OrdMap<PieceKey, Piece>,
     /// The number of record counts, and the counts themselves when the groups were not
     /// brought up to date.
     mid: Vec<u8>,
@@ -611,7 +668,16 @@ fn put_inode(o: &mut Appender, inode: &Inode) {
     for (&b, block) in &inode.blocks {
         put_block(o, b, block);
     }
-    put_inode_tail(o, inode);
+    put_dir_head(o, inode);
+    if let Some(dir) = &inode.dir {
+        // In cookie order (readdir's): a big directory is kept in pieces of cookies.
+        for name in dir.order().values() {
+            if let Some(d) = dir.entries().get(name) {
+                put_entry(o, name, d);
+            }
+        }
+    }
+    put_xattrs(o, inode);
 }
 
 /// Bytes of one block of a block map in the snapshot.
@@ -635,27 +701,31 @@ fn put_block(o: &mut Appender, b: u64, block: &Block) {
     o.u64(tx.seq);
 }
 
-/// An inode's directory part and extended attributes.
-fn put_inode_tail(o: &mut Appender, inode: &Inode) {
+/// An inode's directory header (parent, next cookie, entry count), or the byte saying it has
+/// no directory.
+fn put_dir_head(o: &mut Appender, inode: &Inode) {
     match &inode.dir {
         None => o.u8(0),
         Some(dir) => {
             o.u8(1);
             o.u64(dir.parent);
             o.u64(dir.next_cookie);
-            o.len_u64(dir.entries.len());
-            let mut names: Vec<(u128, &Vec<u8>, &Dentry)> =
-                dir.entries.iter().map(|(n, d)| (name_prefix(n), n, d)).collect();
-            names.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
-            for (_, name, d) in names {
-                o.bytes_len8(name);
-                o.u64(d.ino);
-                o.u8(d.kind.code());
-                o.u64(d.cookie);
-                o.u64(d.ver);
-            }
+            o.len_u64(dir.entries().len());
         }
     }
+}
+
+/// One directory entry.
+fn put_entry(o: &mut Appender, name: &[u8], d: &Dentry) {
+    o.bytes_len8(name);
+    o.u64(d.ino);
+    o.u8(d.kind.code());
+    o.u64(d.cookie);
+    o.u64(d.ver);
+}
+
+/// An inode's extended attributes.
+fn put_xattrs(o: &mut Appender, inode: &Inode) {
     // At most one per name of at most 255 bytes: far below 2^32.
     o.u32(u32::try_from(inode.xattrs.len()).unwrap_or(u32::MAX));
     for (name, x) in &inode.xattrs {
@@ -745,7 +815,7 @@ pub(crate) fn encoded_len(st: &State) -> u64 {
     for inode in st.inodes.values() {
         n += inode_len(inode) + BLOCK_LEN * inode.blocks.len() as u64;
         if let Some(dir) = &inode.dir {
-            n += dir.entries.keys().map(|name| dentry_len(name)).sum::<u64>();
+            n += dir.entries().keys().map(|name| dentry_len(name)).sum::<u64>();
         }
         n += inode.xattrs.iter().map(|(name, x)| xattr_len(name, &x.value)).sum::<u64>();
     }
@@ -774,34 +844,35 @@ pub(crate) fn growth_bound(st: &State, key: &Key) -> u64 {
     own + key_len(key) * 2 + 8 + 4
 }
 
-/// Where a key sorts, in [`Key`]'s own order (tag, owner, block), as one number: the tag in
-/// the top 3 bits, the owner in the next 61, the block (0 for a name) in the low 64. `None`
-/// for an owner of 2^61 or more, which no file system hands out (but a crafted snapshot or
-/// log could hold). Keys that tie here are names of one owner, ordered by the name.
+/// Where a key sorts in the record counts' order ([`group_of`]: key order, a directory's
+/// entries by [`name_bucket`] first), as one number: the tag in the top 3 bits, the owner in
+/// the next 61, the block (an entry's bucket, 0 for another name) in the low 64. `None` for an
+/// owner from [`LAST_OWNER`] up, which no file system hands out (but a crafted snapshot or log
+/// could hold). Keys that tie here are names of one owner (and bucket), ordered by the name.
 fn packed_rank(k: &Key) -> Option<u128> {
     let (tag, owner, block) = match k {
         Key::Fs => (0u128, 0, 0),
         Key::Inode(i) => (1, *i, 0),
-        Key::Dentry(d, _) => (2, *d, 0),
+        Key::Dentry(d, name) => (2, *d, name_bucket(name)),
         Key::Block(i, b) => (3, *i, *b),
         Key::Xattr(i, _) => (4, *i, 0),
     };
-    (owner < 1 << 61).then(|| tag << 125 | u128::from(owner) << 64 | u128::from(block))
+    (owner < LAST_OWNER).then(|| tag << 125 | u128::from(owner) << 64 | u128::from(block))
 }
 
-/// A map keyed by [`Key`], in the keys' order. Sorted on each key's packed rank and its
-/// name's [`name_prefix`] held beside it, then each run of ties (names of one owner that
-/// share their first 16 bytes) by the key: comparing the keys themselves
-/// (an enum, through a reference) made the sort of a large state's record counts cost
-/// twice as much, and the encoding holds the state lock. Falls back to comparing the keys
-/// when an owner does not fit the packed rank.
+/// A map keyed by [`Key`], in the record counts' order: by [`group_of`], then by key. Sorted
+/// on each key's packed rank and its name's [`name_prefix`] held beside it, then each run of
+/// ties (names of one owner that share their first 16 bytes) by the key: comparing the keys
+/// themselves (an enum, through a reference) made the sort of a large state's record counts
+/// cost twice as much, and the encoding holds the state lock. Falls back to comparing the
+/// groups and keys when an owner does not fit the packed rank.
 fn sorted_keys<V: Copy, S>(m: &HashMap<Key, V, S>) -> Vec<(&Key, V)> {
     let mut v: Vec<(u128, u128, &Key, V)> = Vec::with_capacity(m.len());
     for (k, &x) in m {
         let Some(rank) = packed_rank(k) else {
-            let mut v: Vec<(&Key, V)> = m.iter().map(|(k, &x)| (k, x)).collect();
-            v.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            return v;
+            let mut v: Vec<(u128, &Key, V)> = m.iter().map(|(k, &x)| (group_of(k), k, x)).collect();
+            v.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+            return v.into_iter().map(|(_, k, x)| (k, x)).collect();
         };
         let name = match k {
             Key::Dentry(_, n) | Key::Xattr(_, n) => name_prefix(n),
@@ -903,6 +974,9 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<State> {
                     if cookie < crate::state::FIRST_COOKIE || cookie == u64::MAX {
                         return Err(bad("entry cookie"));
                     }
+                    if dir.cookie_taken(cookie, &name) || dir.entries().contains_key(&name) {
+                        return Err(bad("entry name or cookie given twice"));
+                    }
                     dir.insert(name, Dentry { ino, kind, cookie, ver });
                 }
                 dir.next_cookie = dir.next_cookie.max(next_cookie);
@@ -995,7 +1069,7 @@ mod tests {
         let back = decode(&encode(&st)).unwrap();
         assert_eq!(encode(&back), encode(&st));
         assert_eq!(back.inodes[&7].blocks[&3].addr, 100);
-        assert_eq!(back.inodes[&ROOT].dir.as_ref().unwrap().entries[&b"f".to_vec()].cookie, 3);
+        assert_eq!(back.inodes[&ROOT].dir.as_ref().unwrap().entries()[&b"f".to_vec()].cookie, 3);
         assert_eq!(back.tombs[&Key::Dentry(ROOT, b"g".to_vec())], 8);
     }
 
@@ -1031,20 +1105,22 @@ mod tests {
         st
     }
 
-    /// The record counts and tombstones are written in [`Key`]'s own order (the bytes of a
-    /// state do not depend on the sort used, nor on the maps' hashes): keys of every kind,
+    /// The record counts are written in group order, then key order ([`group_of`]), and the
+    /// tombstones in [`Key`]'s own order (the bytes of a state do not depend on the sort
+    /// used, nor on the maps' hashes): keys of every kind,
     /// names of one owner that share prefixes, owners and blocks whose high bits differ; with
     /// owners that fit the packed rank, and with one that does not (the fallback).
     #[test]
     fn keys_are_written_in_key_order() {
-        let small = vec![0u64, 1, 2, 255, 256, 1 << 32, (1 << 61) - 1];
+        let small = vec![0u64, 1, 2, 255, 256, 1 << 32, LAST_OWNER - 1];
         let mut large = small.clone();
-        large.extend([1 << 61, u64::MAX - 1, u64::MAX]);
+        large.extend([LAST_OWNER, 1 << 61, u64::MAX - 1, u64::MAX]);
         for owners in [small, large] {
             let st = with_keys(&owners);
             let tail = bookkeeping_in_key_order(&st);
             assert!(encode(&st).ends_with(&tail), "not in key order, owners {owners:?}");
-            let order: Vec<&Key> = sorted_keys(&st.key_count).into_iter().map(|(k, _)| k).collect();
+            let order: Vec<(u128, &Key)> =
+                sorted_keys(&st.key_count).into_iter().map(|(k, _)| (group_of(k), k)).collect();
             assert!(order.windows(2).all(|w| w[0] < w[1]));
         }
     }
@@ -1071,11 +1147,14 @@ mod tests {
         st
     }
 
-    /// The snapshot's last four sections, each sorted by a `BTreeMap`.
+    /// The snapshot's last four sections, each sorted by a `BTreeMap` (the record counts by
+    /// group, then key).
     fn bookkeeping_in_key_order(st: &State) -> Vec<u8> {
         let mut tail = Appender::with_capacity(0);
         tail.len_u64(st.key_count.len());
-        for (k, &c) in st.key_count.iter().collect::<BTreeMap<_, _>>() {
+        let counts: BTreeMap<_, _> =
+            st.key_count.iter().map(|(k, c)| ((group_of(k), k), c)).collect();
+        for ((_, k), &c) in counts {
             put_key(&mut tail, k);
             tail.u32(c);
         }
@@ -1309,7 +1388,7 @@ mod tests {
         assert_eq!(check(&fs, "nothing changed"), 0);
     }
 
-    /// A file of more than [`PIECE_BLOCKS`] blocks is kept in pieces of its block map, and a
+    /// A file of more than [`PIECE_SIZE`] blocks is kept in pieces of its block map, and a
     /// change encodes again its record's piece, its tail and the pieces of blocks it touched,
     /// not the rest: after every kind of change to big files (an overwrite, an append, a
     /// sparse write far out, a punched hole that empties a piece, a truncate below one piece
@@ -1330,7 +1409,7 @@ mod tests {
         // how many pieces were encoded again.
         let check = |fs: &Fs, what: &str| -> usize {
             let mut st = crate::fs::lock(&fs.state).unwrap();
-            let before: BTreeMap<(Ino, u64), Piece> =
+            let before: BTreeMap<PieceKey, Piece> =
                 st.chunks.by_key.iter().map(|(k, v)| (*k, v.clone())).collect();
             refresh_chunks(&mut st);
             refresh_counts(&mut st);
@@ -1347,32 +1426,32 @@ mod tests {
         let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
         let big = fs.create(None, ROOT, b"big", 0o644, ME).unwrap().ino;
         let pieces = 40u64;
-        let blocks = pieces * PIECE_BLOCKS as u64;
+        let blocks = pieces * PIECE_SIZE as u64;
         fs.write(None, big, 0, &vec![1; (blocks * BS) as usize]).unwrap();
         check(&fs, "written");
         fs.sync().unwrap();
         check(&fs, "made durable");
         let count = |fs: &Fs| crate::fs::lock(&fs.state).unwrap().chunks.by_key.len();
-        assert_eq!(count(&fs), 1 + pieces as usize + 1 + 1, "root, big's head, pieces, tail");
+        assert_eq!(count(&fs), 1 + 1 + pieces as usize + 2, "root; big's head, pieces, dir, tail");
 
         fs.write(None, big, 17 * BS, &[2; 4096]).unwrap();
         fs.sync().unwrap();
         let again = check(&fs, "one block overwritten");
-        assert!(again <= 4, "{again} pieces encoded again for one block (head, tail, piece, root)");
+        assert!(again <= 4, "{again} pieces encoded again for one block (head, piece, dir, tail)");
         fs.write(None, big, blocks * BS, &[3; 4096]).unwrap();
         check(&fs, "appended");
         fs.write(None, big, 1_000_000 * BS, &[4; 100]).unwrap();
         check(&fs, "a sparse write far out");
         let punch = FallocFlags { punch_hole: true, keep_size: true, zero_range: false };
-        fs.fallocate(None, big, 8 * BS, PIECE_BLOCKS as u64 * BS, punch).unwrap();
+        fs.fallocate(None, big, 8 * BS, PIECE_SIZE as u64 * BS, punch).unwrap();
         check(&fs, "a piece punched out");
         assert!(
-            !crate::fs::lock(&fs.state).unwrap().chunks.by_key.contains_key(&(big, 3)),
+            !crate::fs::lock(&fs.state).unwrap().chunks.by_key.contains_key(&(big, BLOCKS, 2)),
             "a piece emptied by the hole is kept"
         );
 
         let t = fs.begin().unwrap();
-        fs.write(Some(&t), big, 0, &vec![5; 3 * PIECE_BLOCKS * 4096]).unwrap();
+        fs.write(Some(&t), big, 0, &vec![5; 3 * PIECE_SIZE * 4096]).unwrap();
         fs.setattr(Some(&t), big, &SetAttr { size: Some(2 * BS), ..SetAttr::default() }).unwrap();
         fs.abort(t).unwrap();
         check(&fs, "an aborted transaction");
@@ -1381,12 +1460,12 @@ mod tests {
         fs.setattr(None, big, &shrink).unwrap();
         check(&fs, "truncated to one piece");
         assert_eq!(count(&fs), 2, "a file of one piece kept whole");
-        fs.write(None, big, 0, &vec![6; 3 * PIECE_BLOCKS * 4096]).unwrap();
+        fs.write(None, big, 0, &vec![6; 3 * PIECE_SIZE * 4096]).unwrap();
         check(&fs, "grown past one piece again");
 
         // Its name given to a new big file: the new inode's pieces, none of the old one's.
         let other = fs.create(None, ROOT, b"other", 0o644, ME).unwrap().ino;
-        fs.write(None, other, 0, &vec![7; 2 * PIECE_BLOCKS * 4096]).unwrap();
+        fs.write(None, other, 0, &vec![7; 2 * PIECE_SIZE * 4096]).unwrap();
         fs.rename(None, ROOT, b"other", ROOT, b"big", crate::RenameFlags::default()).unwrap();
         check(&fs, "replaced by a rename");
 
@@ -1395,7 +1474,7 @@ mod tests {
         fs.write(None, big, 0, &vec![8; (blocks * BS) as usize]).unwrap();
         check(&fs, "a second big file");
         for round in 0..100u8 {
-            fs.write(None, other, 0, &vec![round; 2 * PIECE_BLOCKS * 4096]).unwrap();
+            fs.write(None, other, 0, &vec![round; 2 * PIECE_SIZE * 4096]).unwrap();
         }
         fs.sync().unwrap();
         check(&fs, "overwritten 100 times");
@@ -1408,18 +1487,18 @@ mod tests {
         let mut slices = 0;
         loop {
             let mut st = crate::fs::lock(&fs.state).unwrap();
-            let before: BTreeMap<(Ino, u64), Piece> =
+            let before: BTreeMap<PieceKey, Piece> =
                 st.chunks.by_key.iter().map(|(k, v)| (*k, v.clone())).collect();
             let done = marks.refresh_slice(&mut st, 1);
             let encoded = st
                 .chunks
                 .by_key
                 .iter()
-                .filter(|(k, _)| k.1 != HEAD && k.1 != TAIL)
+                .filter(|(k, _)| k.1 == BLOCKS || k.1 == ENTRIES)
                 .filter(|(k, v)| before.get(k).is_none_or(|old| !Arc::ptr_eq(old, v)))
                 .count();
             assert!(
-                encoded * PIECE_BLOCKS <= SLICE_BLOCKS_PER_MARK + PIECE_BLOCKS,
+                encoded * PIECE_SIZE <= SLICE_BLOCKS_PER_MARK + PIECE_SIZE,
                 "one slice encoded {encoded} pieces of blocks"
             );
             slices += 1;
@@ -1431,6 +1510,113 @@ mod tests {
         assert_eq!(check(&fs, "after the slices"), 0, "pieces left after the slices");
         fs.unlink(None, ROOT, b"big2").unwrap();
         check(&fs, "unlinked");
+        assert!(fs.fsck().is_clean());
+        drop(fs);
+        let fs = Fs::mount(dev, MountOptions::default()).unwrap();
+        check(&fs, "remount");
+        assert_eq!(check(&fs, "nothing changed"), 0);
+    }
+
+    /// A directory of more than [`PIECE_SIZE`] entries is kept in pieces of cookies, and a
+    /// change encodes again its head pieces and the pieces of the entries it touched: after
+    /// creates, unlinks, renames within and across directories, an exchange, an explicit
+    /// transaction aborted and one committed, cleaning, the directory shrinking to one piece
+    /// and growing again, and a remount, the pieces are exactly the whole encoding.
+    #[test]
+    fn a_big_directory_is_encoded_again_only_where_it_changed() {
+        use std::sync::Arc;
+        use tally_media::{Device, MemDevice};
+
+        use crate::{Fs, MkfsOptions, MountOptions, Owner, RenameFlags, ROOT};
+        const ME: Owner = Owner { uid: 1000, gid: 1000 };
+        let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 8192).unwrap());
+        Fs::mkfs(dev.clone(), &MkfsOptions { streams: 2, segment_blocks: 64, uuid: None }).unwrap();
+        // Brings the pieces up to date and checks them against the whole encoding; returns
+        // how many pieces of entries were encoded again.
+        let check = |fs: &Fs, what: &str| -> usize {
+            let mut st = crate::fs::lock(&fs.state).unwrap();
+            let before: BTreeMap<PieceKey, Piece> =
+                st.chunks.by_key.iter().map(|(k, v)| (*k, v.clone())).collect();
+            refresh_chunks(&mut st);
+            refresh_counts(&mut st);
+            let whole = encode(&st);
+            let pieces: Vec<u8> = encode_parts(&st, Vec::new()).seal().slices().concat();
+            assert!(pieces == whole, "{what}: the pieces differ from the whole encoding");
+            assert_eq!(st.chunks.inodes, st.inodes.len(), "{what}: inodes with pieces");
+            st.chunks
+                .by_key
+                .iter()
+                .filter(|(k, _)| k.1 == ENTRIES)
+                .filter(|(k, v)| before.get(k).is_none_or(|old| !Arc::ptr_eq(old, v)))
+                .count()
+        };
+        let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
+        let d = fs.mkdir(None, ROOT, b"d", 0o755, ME).unwrap().ino;
+        let e = fs.mkdir(None, ROOT, b"e", 0o755, ME).unwrap().ino;
+        let names = 60u32;
+        for i in 0..names {
+            fs.create(None, d, format!("f{i}").as_bytes(), 0o644, ME).unwrap();
+        }
+        check(&fs, "created");
+        fs.sync().unwrap();
+        check(&fs, "made durable");
+        // Its names' record counts are kept in buckets, not in one group (merged whole again
+        // for each name made).
+        let groups = crate::fs::lock(&fs.state)
+            .unwrap()
+            .counts
+            .groups
+            .keys()
+            .filter(|&&g| g >> 125 == 2 && (g >> 64) as u64 & LAST_OWNER == d)
+            .count();
+        assert!(groups > 16, "{names} names' counts in {groups} groups");
+        fs.create(None, d, b"one-more", 0o644, ME).unwrap();
+        let again = check(&fs, "one more name");
+        assert!(again <= 1, "{again} pieces of entries encoded again for one name");
+        fs.unlink(None, d, b"f7").unwrap();
+        assert!(check(&fs, "one name removed") <= 1, "one name removed");
+        fs.rename(None, d, b"f8", d, b"f8b", RenameFlags::default()).unwrap();
+        check(&fs, "renamed within");
+        fs.rename(None, d, b"f9", e, b"f9", RenameFlags::default()).unwrap();
+        fs.rename(None, e, b"f9", d, b"f10", RenameFlags::default()).unwrap();
+        check(&fs, "renamed across, over another");
+        let exchange = RenameFlags { exchange: true, ..RenameFlags::default() };
+        fs.rename(None, d, b"f11", d, b"f40", exchange).unwrap();
+        check(&fs, "exchanged");
+        let t = fs.begin().unwrap();
+        fs.unlink(Some(&t), d, b"f12").unwrap();
+        fs.create(Some(&t), d, b"new-in-t", 0o644, ME).unwrap();
+        fs.rename(Some(&t), d, b"f13", d, b"f13b", RenameFlags::default()).unwrap();
+        fs.abort(t).unwrap();
+        check(&fs, "an aborted transaction");
+        let t = fs.begin().unwrap();
+        fs.unlink(Some(&t), d, b"f14").unwrap();
+        fs.create(Some(&t), d, b"new-in-t", 0o644, ME).unwrap();
+        fs.commit(t).unwrap();
+        check(&fs, "a committed transaction");
+        // Pieces brought up to date while a transaction is open (a checkpoint's slices run
+        // then; its own hold does not): the commit's placement changes the entry again.
+        let t = fs.begin().unwrap();
+        fs.create(Some(&t), d, b"mid", 0o644, ME).unwrap();
+        check(&fs, "mid-transaction");
+        fs.commit(t).unwrap();
+        check(&fs, "its commit");
+        for round in 0..30u32 {
+            fs.create(None, e, format!("churn{round}").as_bytes(), 0o644, ME).unwrap();
+            fs.unlink(None, e, format!("churn{round}").as_bytes()).unwrap();
+        }
+        fs.sync().unwrap();
+        let moved: u64 = (0..2u16).map(|s| fs.clean(s, 64).unwrap().records_relocated).sum();
+        assert!(moved > 0, "cleaning moved no record");
+        check(&fs, "cleaning");
+        for i in 15..names {
+            let _ = fs.unlink(None, d, format!("f{i}").as_bytes());
+        }
+        check(&fs, "shrunk");
+        for i in 0..40u32 {
+            fs.create(None, d, format!("g{i}").as_bytes(), 0o644, ME).unwrap();
+        }
+        check(&fs, "grown again");
         assert!(fs.fsck().is_clean());
         drop(fs);
         let fs = Fs::mount(dev, MountOptions::default()).unwrap();
@@ -1467,6 +1653,26 @@ mod tests {
         assert!(agree(&mut st), "a clone put in another inode's place");
         st.inodes.insert(6, file(6, 1000, 20));
         assert!(agree(&mut st), "a new inode put in another's place");
+
+        let dir = |ino: Ino, first: u64, n: u64| {
+            let mut d =
+                Inode::new(fresh_attr(ino, FileKind::Dir, 0o755, 1, 2, t), Vec::new(), ROOT);
+            if let Some(dir) = d.dir.as_mut() {
+                for c in first..first + n {
+                    let e = Dentry { ino: 100 + c, kind: FileKind::File, cookie: c, ver: c };
+                    dir.insert(format!("n{c}").into_bytes(), e);
+                }
+            }
+            Box::new(d)
+        };
+        st.inodes.insert(7, dir(7, 3, 40));
+        st.inodes.insert(8, dir(8, 100, 40));
+        assert!(agree(&mut st));
+        let copy = Box::new(st.inodes.get(&8).unwrap().clone());
+        st.inodes.insert(7, copy);
+        assert!(agree(&mut st), "a directory's clone put in another's place");
+        st.inodes.insert(8, dir(8, 1000, 20));
+        assert!(agree(&mut st), "a new directory put in another's place");
     }
 
     /// A checkpoint brings the kept pieces up to date in slices, the state lock given up

@@ -79,14 +79,21 @@ pub(crate) const FIRST_COOKIE: u64 = 3;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Dir {
-    /// Changed only by [`Dir::insert`] and [`Dir::remove`], which keep `name_bytes`.
-    pub entries: HashMap<Vec<u8>, Dentry>,
-    /// Entries by cookie: readdir order, stable across inserts and removals.
-    pub order: BTreeMap<u64, Vec<u8>>,
+    /// Entries by name. Changed only by [`Dir::insert`], [`Dir::remove`] and
+    /// [`Dir::set_ver`], which keep `order`, `name_bytes` and the snapshot's notes.
+    entries: HashMap<Vec<u8>, Dentry>,
+    /// Entries by cookie: readdir order, stable across inserts and removals, and the order
+    /// the snapshot encodes them in (a big directory kept in pieces of cookies, as a big
+    /// file's block map: [`BlockMap`]).
+    order: BTreeMap<u64, Vec<u8>>,
     pub next_cookie: u64,
     pub parent: Ino,
     /// Bytes of all the entries' names (the space accounting's, `live.rs`).
     pub name_bytes: u64,
+    /// Pieces of cookies ([`crate::snapshot::piece_of`]) with an entry inserted, removed or
+    /// changed since the snapshot's pieces last took them. (A directory made new or cloned
+    /// comes with its inode's block map, whose `unseen` makes the whole inode encoded.)
+    changed: BTreeSet<u64>,
 }
 
 impl Dir {
@@ -97,18 +104,37 @@ impl Dir {
             next_cookie: FIRST_COOKIE,
             parent,
             name_bytes: 0,
+            changed: BTreeSet::new(),
         }
+    }
+
+    /// Entries by name.
+    pub fn entries(&self) -> &HashMap<Vec<u8>, Dentry> {
+        &self.entries
+    }
+
+    /// Entries' names by cookie.
+    pub fn order(&self) -> &BTreeMap<u64, Vec<u8>> {
+        &self.order
+    }
+
+    /// Whether `cookie` is another name's than `name` (two names never share a cookie: the
+    /// directory hands out each once; replay and the snapshot's decoding refuse it).
+    pub fn cookie_taken(&self, cookie: u64, name: &[u8]) -> bool {
+        self.order.get(&cookie).is_some_and(|n| n.as_slice() != name)
     }
 
     pub fn insert(&mut self, name: Vec<u8>, d: Dentry) {
         if let Some(old) = self.entries.get(&name) {
             self.order.remove(&old.cookie);
+            self.changed.insert(crate::snapshot::piece_of(old.cookie));
         } else {
             self.name_bytes = self.name_bytes.saturating_add(name.len() as u64);
         }
         // Saturating: a cookie read from the device may be the largest (replay refuses it; a
         // forged snapshot must not panic here).
         self.next_cookie = self.next_cookie.max(d.cookie.saturating_add(1));
+        self.changed.insert(crate::snapshot::piece_of(d.cookie));
         self.order.insert(d.cookie, name.clone());
         self.entries.insert(name, d);
     }
@@ -116,8 +142,27 @@ impl Dir {
     pub fn remove(&mut self, name: &[u8]) -> Option<Dentry> {
         let d = self.entries.remove(name)?;
         self.order.remove(&d.cookie);
+        self.changed.insert(crate::snapshot::piece_of(d.cookie));
         self.name_bytes = self.name_bytes.saturating_sub(name.len() as u64);
         Some(d)
+    }
+
+    /// Set the version of `name`'s record (its commit placed it).
+    pub fn set_ver(&mut self, name: &[u8], ver: u64) {
+        if let Some(d) = self.entries.get_mut(name) {
+            d.ver = ver;
+            self.changed.insert(crate::snapshot::piece_of(d.cookie));
+        }
+    }
+
+    /// The pieces noted changed since the last call, cleared (for the snapshot's pieces).
+    pub fn take_changed(&mut self) -> BTreeSet<u64> {
+        std::mem::take(&mut self.changed)
+    }
+
+    /// Note `pieces` changed again (what a checkpoint's slice took and left for the next).
+    pub fn put_back_changed(&mut self, pieces: BTreeSet<u64>) {
+        self.changed.extend(pieces);
     }
 }
 
@@ -199,7 +244,8 @@ pub(crate) struct BlockMap {
     /// Pieces ([`crate::snapshot::piece_of`]) with a block inserted, removed or changed since
     /// the snapshot's pieces last took them.
     changed: BTreeSet<u64>,
-    /// No kept piece describes this map yet (made new, or a clone): encoded whole.
+    /// No kept piece describes this map's inode yet (made new, or a clone: a block map is
+    /// made and cloned with its inode): the whole inode is encoded, directory included.
     unseen: bool,
 }
 
@@ -738,7 +784,10 @@ impl State {
         for (&ino, inode) in &st.inodes {
             if let Some(dir) = &inode.dir {
                 parents.extend(
-                    dir.entries.values().filter(|d| d.kind == FileKind::Dir).map(|d| (d.ino, ino)),
+                    dir.entries()
+                        .values()
+                        .filter(|d| d.kind == FileKind::Dir)
+                        .map(|d| (d.ino, ino)),
                 );
             }
         }
@@ -795,6 +844,14 @@ impl State {
                         return Err(FsError::corrupted(
                             "record",
                             format!("entry {name:?} with cookie {cookie}"),
+                        ));
+                    }
+                    // Each cookie is handed out once in a directory: a record giving
+                    // another name's is not one this file system wrote.
+                    if d.cookie_taken(cookie, &name) {
+                        return Err(FsError::corrupted(
+                            "record",
+                            format!("entry {name:?} with the cookie {cookie} of another"),
                         ));
                     }
                     d.insert(name, Dentry { ino, kind, cookie, ver });
@@ -864,7 +921,7 @@ impl State {
         let mut todo = vec![ROOT];
         while let Some(i) = todo.pop() {
             if let Some(dir) = self.inodes.get(&i).and_then(|n| n.dir.as_ref()) {
-                for d in dir.entries.values() {
+                for d in dir.entries().values() {
                     if seen.insert(d.ino) && d.kind == FileKind::Dir {
                         todo.push(d.ino);
                     }

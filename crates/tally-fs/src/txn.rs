@@ -384,7 +384,7 @@ impl Cx {
     pub fn dentry(&mut self, st: &mut State, dir: Ino, name: &[u8]) -> OpResult<()> {
         self.lock(st, Key::Dentry(dir, name.to_vec()))?;
         if self.dentries.insert((dir, name.to_vec())) {
-            let old = st.dir(dir)?.entries.get(name).cloned();
+            let old = st.dir(dir)?.entries().get(name).cloned();
             self.undo.push(Undo::Dentry(dir, name.to_vec(), old));
         }
         self.touched.insert(Key::Dentry(dir, name.to_vec()));

@@ -259,7 +259,7 @@ impl Fs {
                     target: inode.target.clone(),
                 }),
                 Key::Dentry(dir, name) => {
-                    let d = inode.dir.as_ref().and_then(|d| d.entries.get(name));
+                    let d = inode.dir.as_ref().and_then(|d| d.entries().get(name));
                     d.map(|d| Record::Dentry {
                         ver,
                         dir: *dir,
@@ -359,8 +359,8 @@ impl Fs {
                 Key::Fs => {}
                 Key::Inode(_) => inode.ver = ver,
                 Key::Dentry(_, name) => {
-                    if let Some(d) = inode.dir.as_mut().and_then(|d| d.entries.get_mut(name)) {
-                        d.ver = ver;
+                    if let Some(d) = inode.dir.as_mut() {
+                        d.set_ver(name, ver);
                     }
                 }
                 Key::Block(ino, b) => {

@@ -46,7 +46,7 @@ impl Fs {
         self.op(txn, parent, true, |st, cx| {
             let pdir = st.inode(parent)?;
             let Some(dir) = &pdir.dir else { return Err(FsError::NotDir.into()) };
-            if dir.entries.contains_key(name) {
+            if dir.entries().contains_key(name) {
                 return Err(FsError::Exists.into());
             }
             if kind == FileKind::Dir && pdir.attr.nlink >= LINK_MAX {
@@ -182,7 +182,7 @@ impl Fs {
             if target.nlink >= LINK_MAX {
                 return Err(FsError::TooManyLinks.into());
             }
-            if st.dir(parent)?.entries.contains_key(name) {
+            if st.dir(parent)?.entries().contains_key(name) {
                 return Err(FsError::Exists.into());
             }
             let now = Timespec::now();
@@ -273,7 +273,7 @@ impl Fs {
     pub fn unlink(&self, txn: Option<&Txn>, parent: Ino, name: &[u8]) -> Result<()> {
         check_name(name)?;
         self.op(txn, parent, false, |st, cx| {
-            let d = st.dir(parent)?.entries.get(name).cloned().ok_or(FsError::NotFound)?;
+            let d = st.dir(parent)?.entries().get(name).cloned().ok_or(FsError::NotFound)?;
             if d.kind == FileKind::Dir {
                 return Err(FsError::IsDir.into());
             }
@@ -296,11 +296,11 @@ impl Fs {
     pub fn rmdir(&self, txn: Option<&Txn>, parent: Ino, name: &[u8]) -> Result<()> {
         check_name(name)?;
         self.op(txn, parent, false, |st, cx| {
-            let d = st.dir(parent)?.entries.get(name).cloned().ok_or(FsError::NotFound)?;
+            let d = st.dir(parent)?.entries().get(name).cloned().ok_or(FsError::NotFound)?;
             if d.kind != FileKind::Dir {
                 return Err(FsError::NotDir.into());
             }
-            if !st.dir(d.ino)?.entries.is_empty() {
+            if !st.dir(d.ino)?.entries().is_empty() {
                 return Err(FsError::NotEmpty.into());
             }
             let now = Timespec::now();
@@ -353,8 +353,8 @@ impl Fs {
         }
         let at = RenameAt { parent, name, new_parent, new_name };
         self.op(txn, parent, false, |st, cx| {
-            let src = st.dir(parent)?.entries.get(name).cloned().ok_or(FsError::NotFound)?;
-            let dst = st.dir(new_parent)?.entries.get(new_name).cloned();
+            let src = st.dir(parent)?.entries().get(name).cloned().ok_or(FsError::NotFound)?;
+            let dst = st.dir(new_parent)?.entries().get(new_name).cloned();
             if Self::rename_allowed(st, cx, &at, &src, dst.as_ref(), flags)? == Allowed::Nothing {
                 return Ok(());
             }
@@ -416,7 +416,7 @@ impl Fs {
             match (src.kind == FileKind::Dir, dst.kind == FileKind::Dir) {
                 (true, false) => return Err(FsError::NotDir.into()),
                 (false, true) => return Err(FsError::IsDir.into()),
-                (true, true) if !st.dir(dst.ino)?.entries.is_empty() => {
+                (true, true) if !st.dir(dst.ino)?.entries().is_empty() => {
                     return Err(FsError::NotEmpty.into())
                 }
                 _ => {}

@@ -42,7 +42,7 @@ impl Fs {
         let ino = match name {
             b"." => parent,
             b".." => dir.parent,
-            _ => dir.entries.get(name).ok_or(FsError::NotFound)?.ino,
+            _ => dir.entries().get(name).ok_or(FsError::NotFound)?.ino,
         };
         Ok(st.inode(ino)?.attr)
     }
@@ -245,9 +245,9 @@ impl Fs {
                 (e, st.inodes.get(&i))
             });
         // From the cookie on: the cost is the page, not the directory.
-        let named = dir.order.range(offset.max(2).saturating_add(1)..).filter_map(
+        let named = dir.order().range(offset.max(2).saturating_add(1)..).filter_map(
             move |(&cookie, name)| {
-                let d = dir.entries.get(name)?;
+                let d = dir.entries().get(name)?;
                 let e = DirEntry { name: name.clone(), ino: d.ino, kind: d.kind, offset: cookie };
                 Some((e, st.inodes.get(&d.ino)))
             },
