@@ -156,16 +156,33 @@ impl Args {
     }
 }
 
+/// Unmount `fs` (no other holder may be left) and mount its image `path` again as
+/// [`quiet_image_fs`] does; with the mount's own time (`MountReport::time`).
+///
+/// # Errors
+/// Another holder of `fs` is left; the unmount; the device's open; the mount.
+pub fn remount_quiet(fs: Arc<Fs>, path: &Path) -> Result<(Arc<Fs>, std::time::Duration), BoxError> {
+    let fs = Arc::try_unwrap(fs).map_err(|_| "file system still shared")?;
+    fs.unmount()?;
+    let dev: Arc<dyn Device> = Arc::new(FileDevice::open(path, FileOptions::default())?);
+    let fs = Fs::mount(dev, quiet_options())?;
+    let took = fs.mount_report().time;
+    Ok((Arc::new(fs), took))
+}
+
+fn quiet_options() -> MountOptions {
+    MountOptions {
+        write_behind: Some(tally_log::WriteBehind::default()),
+        replay_budget: Some(0),
+        ..MountOptions::default()
+    }
+}
+
 /// A fresh 2 GiB image at `path` with write-behind on, online checkpoints off (replay budget
 /// 0) and no maintenance thread: only what the example does runs on it.
 ///
 /// # Errors
 /// As [`fresh_image_fs_with`].
 pub fn quiet_image_fs(path: &Path) -> Result<Arc<Fs>, BoxError> {
-    let opts = MountOptions {
-        write_behind: Some(tally_log::WriteBehind::default()),
-        replay_budget: Some(0),
-        ..MountOptions::default()
-    };
-    Ok(Arc::new(fresh_image_fs_with(path, 2 << 30, opts)?))
+    Ok(Arc::new(fresh_image_fs_with(path, 2 << 30, quiet_options())?))
 }

@@ -207,8 +207,13 @@ pub(crate) struct Marks {
 }
 
 /// Blocks (and directory entries) a slice of [`Marks::refresh_slice`] encodes per marked
-/// inode it may take: 256 marks, 16,384 blocks (about 600 KiB encoded).
+/// inode it may take: 128 marks, 8,192 blocks (about 300 KiB encoded).
 const SLICE_BLOCKS_PER_MARK: usize = 64;
+
+/// Bytes of kept record-count groups a slice of [`Marks::refresh_slice`] merges again per
+/// marked inode it may take: 128 marks, 32 KiB (about 2,000 counts, or 150 groups of 16
+/// inodes' counts: about half a millisecond).
+const SLICE_COUNT_BYTES: usize = 256;
 
 impl Marks {
     /// Move the marks out of `st` (O(1)). The record keys' marks only once the groups are
@@ -247,11 +252,23 @@ impl Marks {
             }
             self.inodes_at += 1;
         }
-        let mut to = self.keys.len().min(self.keys_at.saturating_add(n.saturating_mul(4)));
-        while to < self.keys.len() && to > 0 && self.keys[to].0 == self.keys[to - 1].0 {
-            to += 1;
-        }
+        // Whole groups, up to `4 n` keys and `n` times SLICE_COUNT_BYTES_PER_MARK bytes of
+        // kept groups merged again (at least one group).
         let State { key_count, counts, .. } = st;
+        let (max_keys, max_bytes) = (n.saturating_mul(4), n.saturating_mul(SLICE_COUNT_BYTES));
+        let (mut to, mut bytes) = (self.keys_at, 0usize);
+        while to < self.keys.len() {
+            let g = self.keys[to].0;
+            let run = self.keys[to..].iter().take_while(|e| e.0 == g).count();
+            let kept = counts.groups.get(&g).map_or(0, |b| b.len());
+            if to > self.keys_at
+                && (to - self.keys_at + run > max_keys || bytes.saturating_add(kept) > max_bytes)
+            {
+                break;
+            }
+            to += run;
+            bytes = bytes.saturating_add(kept);
+        }
         if counts.built {
             let slice = self.keys[self.keys_at..to].iter().map(|(_, k)| k);
             if merge_groups(&mut counts.groups, slice, key_count).is_none() {
@@ -374,8 +391,10 @@ fn cost(inode: &Inode, blocks_and_entries: usize) -> usize {
 /// Keys of one [`Key::Block`] group: 4,096 blocks (16 MiB of 4 KiB blocks), so appending to
 /// a large file encodes again only its last group's counts.
 const GROUP_BLOCKS_SHIFT: u32 = 12;
-/// Inodes of one [`Key::Inode`] group.
-const GROUP_INODES_SHIFT: u32 = 10;
+/// Inodes of one [`Key::Inode`] group: 16. With 1,024, a checkpoint after 1,000 files of
+/// 200,000 were written merged every group again (200,000 counts) in one slice, other
+/// operations waiting 5–9 ms (`examples/checkpoint_hold.rs`, docs/bench/fs.md).
+const GROUP_INODES_SHIFT: u32 = 4;
 
 /// The record counts' part of the snapshot (every key with records in the log, in key order,
 /// with its count: `put_key`, then a u32), kept encoded in groups of keys that sort
@@ -1775,5 +1794,33 @@ mod tests {
         drop(st);
         assert!(fs.checkpoint().unwrap());
         assert!(fs.fsck().is_clean());
+
+        // A slice merges its budget of kept record-count groups again, not every group its
+        // keys touch: names moved in a directory of 1,000, their inodes' and names' counts
+        // spread over many groups.
+        let n = 8;
+        for i in (0..marks).step_by(25) {
+            let (from, to) = (format!("m{i}"), format!("moved{i}"));
+            fs.rename(None, d, from.as_bytes(), d, to.as_bytes(), Default::default()).unwrap();
+        }
+        let mut st = crate::fs::lock(&fs.state).unwrap();
+        let mut marks = Marks::take(&mut st);
+        marks.sort();
+        let before: BTreeMap<u128, Piece> =
+            st.counts.groups.iter().map(|(g, b)| (*g, b.clone())).collect();
+        marks.refresh_slice(&mut st, n);
+        let merged: Vec<usize> = before
+            .iter()
+            .filter(|(g, b)| st.counts.groups.get(*g).is_none_or(|now| !Arc::ptr_eq(now, b)))
+            .map(|(_, b)| b.len())
+            .collect();
+        let largest = merged.iter().copied().max().unwrap_or(0);
+        let bytes: usize = merged.iter().sum();
+        assert!(
+            !merged.is_empty() && bytes <= n * SLICE_COUNT_BYTES + largest,
+            "one slice merged {} groups of {bytes} bytes",
+            merged.len()
+        );
+        while !marks.refresh_slice(&mut st, n) {}
     }
 }
