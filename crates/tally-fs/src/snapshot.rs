@@ -1407,6 +1407,41 @@ mod tests {
         assert_eq!(check(&fs, "nothing changed"), 0);
     }
 
+    /// Bring `fs`'s kept pieces up to date and check them against the whole encoding (and
+    /// the count of inodes with pieces); how many pieces of the sections `counted` were
+    /// encoded again.
+    fn pieces_refreshed(fs: &crate::Fs, what: &str, counted: impl Fn(u8) -> bool) -> usize {
+        let mut st = crate::fs::lock(&fs.state).unwrap();
+        let before: BTreeMap<PieceKey, Piece> =
+            st.chunks.by_key.iter().map(|(k, v)| (*k, v.clone())).collect();
+        refresh_chunks(&mut st);
+        refresh_counts(&mut st);
+        let whole = encode(&st);
+        let pieces: Vec<u8> = encode_parts(&st, Vec::new()).seal().slices().concat();
+        assert!(pieces == whole, "{what}: the pieces differ from the whole encoding");
+        assert_eq!(st.chunks.inodes, st.inodes.len(), "{what}: inodes with pieces");
+        st.chunks
+            .by_key
+            .iter()
+            .filter(|(k, _)| counted(k.1))
+            .filter(|(k, v)| before.get(k).is_none_or(|old| !std::sync::Arc::ptr_eq(old, v)))
+            .count()
+    }
+
+    /// Check `fs`, unmount it, mount `dev` again: its pieces are the whole encoding, and a
+    /// second refresh has nothing to encode.
+    fn remount_and_check(
+        fs: crate::Fs,
+        dev: std::sync::Arc<dyn tally_media::Device>,
+        counted: impl Fn(u8) -> bool + Copy,
+    ) {
+        assert!(fs.fsck().is_clean());
+        drop(fs);
+        let fs = crate::Fs::mount(dev, crate::MountOptions::default()).unwrap();
+        pieces_refreshed(&fs, "remount", counted);
+        assert_eq!(pieces_refreshed(&fs, "nothing changed", counted), 0);
+    }
+
     /// A file of more than [`PIECE_SIZE`] blocks is kept in pieces of its block map, and a
     /// change encodes again its record's piece, its tail and the pieces of blocks it touched,
     /// not the rest: after every kind of change to big files (an overwrite, an append, a
@@ -1424,24 +1459,7 @@ mod tests {
         const BS: u64 = 4096;
         let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 8192).unwrap());
         Fs::mkfs(dev.clone(), &MkfsOptions { streams: 2, segment_blocks: 64, uuid: None }).unwrap();
-        // Brings the pieces up to date and checks them against the whole encoding; returns
-        // how many pieces were encoded again.
-        let check = |fs: &Fs, what: &str| -> usize {
-            let mut st = crate::fs::lock(&fs.state).unwrap();
-            let before: BTreeMap<PieceKey, Piece> =
-                st.chunks.by_key.iter().map(|(k, v)| (*k, v.clone())).collect();
-            refresh_chunks(&mut st);
-            refresh_counts(&mut st);
-            let whole = encode(&st);
-            let pieces: Vec<u8> = encode_parts(&st, Vec::new()).seal().slices().concat();
-            assert!(pieces == whole, "{what}: the pieces differ from the whole encoding");
-            assert_eq!(st.chunks.inodes, st.inodes.len(), "{what}: inodes with pieces");
-            st.chunks
-                .by_key
-                .iter()
-                .filter(|(k, v)| before.get(k).is_none_or(|old| !Arc::ptr_eq(old, v)))
-                .count()
-        };
+        let check = |fs: &Fs, what: &str| pieces_refreshed(fs, what, |_| true);
         let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
         let big = fs.create(None, ROOT, b"big", 0o644, ME).unwrap().ino;
         let pieces = 40u64;
@@ -1529,11 +1547,7 @@ mod tests {
         assert_eq!(check(&fs, "after the slices"), 0, "pieces left after the slices");
         fs.unlink(None, ROOT, b"big2").unwrap();
         check(&fs, "unlinked");
-        assert!(fs.fsck().is_clean());
-        drop(fs);
-        let fs = Fs::mount(dev, MountOptions::default()).unwrap();
-        check(&fs, "remount");
-        assert_eq!(check(&fs, "nothing changed"), 0);
+        remount_and_check(fs, dev, |_| true);
     }
 
     /// A directory of more than [`PIECE_SIZE`] entries is kept in pieces of cookies, and a
@@ -1550,25 +1564,7 @@ mod tests {
         const ME: Owner = Owner { uid: 1000, gid: 1000 };
         let dev: Arc<dyn Device> = Arc::new(MemDevice::new(4096, 8192).unwrap());
         Fs::mkfs(dev.clone(), &MkfsOptions { streams: 2, segment_blocks: 64, uuid: None }).unwrap();
-        // Brings the pieces up to date and checks them against the whole encoding; returns
-        // how many pieces of entries were encoded again.
-        let check = |fs: &Fs, what: &str| -> usize {
-            let mut st = crate::fs::lock(&fs.state).unwrap();
-            let before: BTreeMap<PieceKey, Piece> =
-                st.chunks.by_key.iter().map(|(k, v)| (*k, v.clone())).collect();
-            refresh_chunks(&mut st);
-            refresh_counts(&mut st);
-            let whole = encode(&st);
-            let pieces: Vec<u8> = encode_parts(&st, Vec::new()).seal().slices().concat();
-            assert!(pieces == whole, "{what}: the pieces differ from the whole encoding");
-            assert_eq!(st.chunks.inodes, st.inodes.len(), "{what}: inodes with pieces");
-            st.chunks
-                .by_key
-                .iter()
-                .filter(|(k, _)| k.1 == ENTRIES)
-                .filter(|(k, v)| before.get(k).is_none_or(|old| !Arc::ptr_eq(old, v)))
-                .count()
-        };
+        let check = |fs: &Fs, what: &str| pieces_refreshed(fs, what, |section| section == ENTRIES);
         let fs = Fs::mount(dev.clone(), MountOptions::default()).unwrap();
         let d = fs.mkdir(None, ROOT, b"d", 0o755, ME).unwrap().ino;
         let e = fs.mkdir(None, ROOT, b"e", 0o755, ME).unwrap().ino;
@@ -1636,11 +1632,7 @@ mod tests {
             fs.create(None, d, format!("g{i}").as_bytes(), 0o644, ME).unwrap();
         }
         check(&fs, "grown again");
-        assert!(fs.fsck().is_clean());
-        drop(fs);
-        let fs = Fs::mount(dev, MountOptions::default()).unwrap();
-        check(&fs, "remount");
-        assert_eq!(check(&fs, "nothing changed"), 0);
+        remount_and_check(fs, dev, |section| section == ENTRIES);
     }
 
     /// A block map the kept pieces do not describe (a new inode, a clone) put in an inode's
