@@ -86,7 +86,7 @@ pub(crate) type Piece = std::sync::Arc<Box<[u8]>>;
 /// cookie order); its extended attributes (`TAIL`). In key order the pieces are the
 /// encoding's bytes. Kept whole, a 4 KiB overwrite of a 1 GiB file made the next checkpoint
 /// encode its 262,144 blocks again under the state lock, every other operation waiting
-/// 14–26 ms (`examples/big_file_hold.rs`); and a name made in a directory of 100,000, its
+/// 14–29 ms (`examples/big_file_hold.rs`); and a name made in a directory of 100,000, its
 /// 100,000 names sorted and encoded.
 ///
 /// A persistent ordered map: a checkpoint takes every piece in order with an O(1) clone
@@ -252,7 +252,7 @@ impl Marks {
             }
             self.inodes_at += 1;
         }
-        // Whole groups, up to `4 n` keys and `n` times SLICE_COUNT_BYTES_PER_MARK bytes of
+        // Whole groups, up to `4 n` keys and `n` times [`SLICE_COUNT_BYTES`] bytes of
         // kept groups merged again (at least one group).
         let State { key_count, counts, .. } = st;
         let (max_keys, max_bytes) = (n.saturating_mul(4), n.saturating_mul(SLICE_COUNT_BYTES));
@@ -436,7 +436,7 @@ impl CountGroups {
 }
 
 /// The group a key's count is kept in: its tag in the top 3 bits, its owner (for an inode
-/// record, its inode number over 1,024) in the next 61, a block's number over 4,096 or an
+/// record, its inode number over 16) in the next 61, a block's number over 4,096 or an
 /// entry's [`name_bucket`] in the low 64. The counts are encoded in group order, and in key
 /// order within a group ([`sorted_keys`]): key order but for a directory's entries, ordered by
 /// bucket first. Owners from 2^61 - 1 up (which no file system hands out, but a crafted
@@ -916,7 +916,8 @@ fn sorted_keys<V: Copy, S>(m: &HashMap<Key, V, S>) -> Vec<(&Key, V)> {
 /// differ sort as these do, so a sort by name compares numbers and reads the bytes only on a
 /// tie. The names of a large directory (`file-1234`, ...) sorted by comparing the bytes took
 /// most of a checkpoint's encoding (100,000 names in one directory: a third of 117 ms, for
-/// its entries and again for their record counts), with the state lock held; with 8 bytes,
+/// its entries, then listed by name, and again for their record counts), with the state lock
+/// held; with 8 bytes,
 /// names such as `file-000123` still tied in runs of a thousand, sorted by comparing keys
 /// (most of the 43 ms the record counts' sort took for 100,000 such files).
 fn name_prefix(name: &[u8]) -> u128 {
